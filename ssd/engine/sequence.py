@@ -1,0 +1,57 @@
+"""A request's state inside an engine: prompt, generated tokens, sampling parameters, KV slot."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from ssd.sampling import SamplingParams, make_generator
+
+_ids = itertools.count()
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"      # a stop token id
+    EOS = "eos"        # the model's end-of-sequence token
+    LENGTH = "length"  # max_tokens, or the engine's maximum sequence length
+    ABORT = "abort"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    prompt: list[int]
+    params: SamplingParams
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    output: list[int] = field(default_factory=list)
+    slot: int = -1
+    generator: torch.Generator | None = None
+    finish_reason: FinishReason | None = None
+
+    def __post_init__(self):
+        if self.generator is None:
+            self.generator = make_generator(self.params.seed)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def last_token(self) -> int:
+        return self.output[-1] if self.output else self.prompt[-1]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append(self, token: int, eos_token_ids, max_len: int) -> None:
+        """Commit one generated token and decide whether the sequence is done."""
+        self.output.append(token)
+        p = self.params
+        if token in p.stop_token_ids:
+            self.finish_reason = FinishReason.STOP
+        elif token in eos_token_ids and not p.ignore_eos:
+            self.finish_reason = FinishReason.EOS
+        elif len(self.output) >= p.max_tokens or self.num_tokens >= max_len:
+            self.finish_reason = FinishReason.LENGTH

@@ -1,0 +1,161 @@
+"""One decoder for Llama-3 and Qwen3 (target and draft alike).
+
+It knows nothing of requests or sampling, only token ids, positions and KV-cache slots. A forward takes a
+padded batch of B sequences with T tokens each (ragged rows are marked by `valid`), writes their KV at the
+given columns and returns final hidden states; `logits` applies the output layer to the rows the caller picks.
+Attention takes an explicit boolean mask [B, T, L] when the caller needs one (the draft's branch chains);
+otherwise a query at position p sees columns 0..p of its slot.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ssd.config import ModelConfig
+from ssd.models.kv_cache import KVCache
+from ssd.models.rope import RotaryTable, apply_rotary
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    input_ids: torch.Tensor            # [B, T] long
+    positions: torch.Tensor            # [B, T] long, rope positions
+    slots: torch.Tensor                # [B] long, KV-cache slot per row
+    kv_len: int                        # columns 0..kv_len-1 are attended
+    valid: torch.Tensor | None = None  # [B, T] bool; padding is neither written nor used
+    cols: torch.Tensor | None = None   # [B, T] long, KV column written per token (default: positions)
+    attn_mask: torch.Tensor | None = None  # [B, T, kv_len] bool, True = attend
+    contiguous_from: int | None = None     # first slot when slots are consecutive (cache read is a view)
+
+    @classmethod
+    def ragged(cls, tokens: list[list[int]], starts: list[int], slots: list[int], device=None) -> "ForwardBatch":
+        """Row b holds tokens[b] at positions starts[b], starts[b]+1, ...; rows are right-padded."""
+        lengths = [len(t) for t in tokens]
+        if min(lengths) == 0:
+            raise ValueError("every row of a forward batch needs at least one token")
+        T, B = max(lengths), len(tokens)
+        ids = torch.zeros((B, T), dtype=torch.long)
+        for b, row in enumerate(tokens):
+            ids[b, :len(row)] = torch.tensor(row, dtype=torch.long)
+        start = torch.tensor(starts, dtype=torch.long)[:, None]
+        positions = start + torch.arange(T)[None, :]
+        valid = None
+        if min(lengths) != T:
+            valid = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+            positions = torch.where(valid, positions, start)
+        kv_len = max(s + n for s, n in zip(starts, lengths))
+        mask = None
+        if T > 1 or len(set(s + n for s, n in zip(starts, lengths))) > 1:
+            mask = torch.arange(kv_len)[None, None, :] <= positions[:, :, None]
+        first = slots[0]
+        contiguous = first if slots == list(range(first, first + B)) else None
+        return cls(ids.to(device), positions.to(device), torch.tensor(slots, dtype=torch.long, device=device),
+                   kv_len, None if valid is None else valid.to(device), None,
+                   None if mask is None else mask.to(device), contiguous)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _param(*shape) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.h * self.d, self.hkv * self.d
+        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size)
+        self.qkv_bias = _param(self.q_size + 2 * self.kv_size) if cfg.attention_bias else None
+        self.o_weight = _param(cfg.hidden_size, self.q_size)
+        self.o_bias = _param(cfg.hidden_size) if cfg.attention_bias else None
+        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, layer: int):
+        B, T, _ = x.shape
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q, k, v = q.view(B, T, self.h, self.d), k.view(B, T, self.hkv, self.d), v.view(B, T, self.hkv, self.d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        cols = batch.positions if batch.cols is None else batch.cols
+        cache.write(layer, batch.slots, cols, k, v, batch.valid)
+        keys, values = cache.read(layer, batch.slots, batch.kv_len, batch.contiguous_from)
+        mask = None if batch.attn_mask is None else batch.attn_mask[:, None]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
+                                             enable_gqa=self.h != self.hkv)
+        return F.linear(out.transpose(1, 2).reshape(B, T, self.q_size), self.o_weight, self.o_bias)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size)
+        self.gate_up_bias = _param(2 * cfg.intermediate_size) if cfg.mlp_bias else None
+        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size)
+        self.down_bias = _param(cfg.hidden_size) if cfg.mlp_bias else None
+
+    def forward(self, x):
+        gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).split(self.inter, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, batch, cache, layer):
+        x = x + self.attn(self.input_norm(x), cos, sin, batch, cache, layer)
+        return x + self.mlp(self.post_attn_norm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = _param(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
+        self._rope: RotaryTable | None = None
+
+    def rope(self, positions: int) -> RotaryTable:
+        if self._rope is None or self._rope.cos.shape[0] < positions:
+            n = max(positions, self.cfg.max_position_embeddings)
+            self._rope = RotaryTable(self.cfg, n, device=self.embed.device, dtype=self.embed.dtype)
+        return self._rope
+
+    def make_cache(self, num_slots: int, max_len: int, scratch: int = 0) -> KVCache:
+        return KVCache(self.cfg, num_slots, max_len, scratch, dtype=self.embed.dtype, device=self.embed.device)
+
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """Final-normed hidden states [B, T, hidden] for every token of the batch."""
+        x = F.embedding(batch.input_ids, self.embed)
+        cos, sin = self.rope(cache.num_columns).lookup(batch.positions)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, batch, cache, i)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.embed if self.lm_head is None else self.lm_head).float()

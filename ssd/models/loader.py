@@ -1,0 +1,130 @@
+"""Load a Hugging Face model folder (config.json + one or more *.safetensors) into a `Decoder`.
+
+Every expected tensor must be present with its exact shape; the errors name the file and the tensor. q/k/v
+and gate/up projections are fused while loading, so each layer runs two matmuls fewer per token.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from ssd.config import ModelConfig
+from ssd.models.decoder import Decoder
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class WeightLoadError(ValueError):
+    """A weight file or tensor is missing, unreadable or has the wrong shape."""
+
+
+def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Hugging Face tensor name -> shape for a model with this config."""
+    D, hd = cfg.hidden_size, cfg.head_dim
+    q, kv, inter = cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.intermediate_size
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, D), "model.norm.weight": (D,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, D)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {p + "self_attn.q_proj.weight": (q, D), p + "self_attn.k_proj.weight": (kv, D),
+                   p + "self_attn.v_proj.weight": (kv, D), p + "self_attn.o_proj.weight": (D, q),
+                   p + "mlp.gate_proj.weight": (inter, D), p + "mlp.up_proj.weight": (inter, D),
+                   p + "mlp.down_proj.weight": (D, inter), p + "input_layernorm.weight": (D,),
+                   p + "post_attention_layernorm.weight": (D,)}
+        if cfg.attention_bias:
+            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                       p + "self_attn.v_proj.bias": (kv,), p + "self_attn.o_proj.bias": (D,)}
+        if cfg.mlp_bias:
+            shapes |= {p + "mlp.gate_proj.bias": (inter,), p + "mlp.up_proj.bias": (inter,),
+                       p + "mlp.down_proj.bias": (D,)}
+        if cfg.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
+    return shapes
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError) as e:
+            raise WeightLoadError(f"{index}: not a valid safetensors index ({e})") from None
+        files = [folder / n for n in names]
+        for f in files:
+            if not f.is_file():
+                raise WeightLoadError(f"{f}: file not found (listed in {index.name})")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise WeightLoadError(f"{folder}: no *.safetensors weight files found")
+    return files
+
+
+def read_state_dict(folder: Path, cfg: ModelConfig, progress: bool | None = None) -> dict[str, torch.Tensor]:
+    expected = expected_tensors(cfg)
+    found: dict[str, torch.Tensor] = {}
+    files = _weight_files(folder)
+    show = progress if progress is not None else len(files) > 1
+    for f in tqdm(files, desc=f"loading {folder.name}", unit="file", disable=not show):
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for name in sf.keys():
+                    if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_word_embeddings):
+                        continue
+                    if name not in expected:
+                        raise WeightLoadError(f"{f}: unexpected tensor {name!r} for a {cfg.arch} model")
+                    t = sf.get_tensor(name)
+                    if tuple(t.shape) != expected[name]:
+                        raise WeightLoadError(
+                            f"{f}: tensor {name!r} has shape {tuple(t.shape)}, expected {expected[name]}")
+                    found[name] = t
+        except (OSError, RuntimeError) as e:
+            raise WeightLoadError(f"{f}: cannot read safetensors file ({e})") from None
+    missing = [n for n in expected if n not in found]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise WeightLoadError(f"{folder}: tensor {missing[0]!r} is missing{more}")
+    return found
+
+
+def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               progress: bool | None = None) -> Decoder:
+    folder = Path(folder)
+    cfg = ModelConfig.from_folder(folder)
+    sd = read_state_dict(folder, cfg, progress)
+    model = Decoder(cfg)
+    cat = torch.cat
+
+    def put(param: torch.nn.Parameter, value: torch.Tensor):
+        param.data = value.to(device=device, dtype=dtype).contiguous()
+
+    put(model.embed, sd["model.embed_tokens.weight"])
+    put(model.norm.weight, sd["model.norm.weight"])
+    if model.lm_head is not None:
+        put(model.lm_head, sd["lm_head.weight"])
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        a, m = p + "self_attn.", p + "mlp."
+        put(layer.attn.qkv_weight, cat([sd[a + f"{x}_proj.weight"] for x in "qkv"]))
+        put(layer.attn.o_weight, sd[a + "o_proj.weight"])
+        if layer.attn.qkv_bias is not None:
+            put(layer.attn.qkv_bias, cat([sd[a + f"{x}_proj.bias"] for x in "qkv"]))
+            put(layer.attn.o_bias, sd[a + "o_proj.bias"])
+        if layer.attn.q_norm is not None:
+            put(layer.attn.q_norm.weight, sd[a + "q_norm.weight"])
+            put(layer.attn.k_norm.weight, sd[a + "k_norm.weight"])
+        put(layer.mlp.gate_up_weight, cat([sd[m + "gate_proj.weight"], sd[m + "up_proj.weight"]]))
+        put(layer.mlp.down_weight, sd[m + "down_proj.weight"])
+        if layer.mlp.gate_up_bias is not None:
+            put(layer.mlp.gate_up_bias, cat([sd[m + "gate_proj.bias"], sd[m + "up_proj.bias"]]))
+            put(layer.mlp.down_bias, sd[m + "down_proj.bias"])
+        put(layer.input_norm.weight, sd[p + "input_layernorm.weight"])
+        put(layer.post_attn_norm.weight, sd[p + "post_attention_layernorm.weight"])
+    model.eval().requires_grad_(False)
+    return model
+

@@ -1,0 +1,250 @@
+"""Sampling: per-request parameters, the exact sampling distribution, and draws.
+
+Contract
+--------
+* ``probs_from_logits(logits[B, V], params)`` returns, in float32, the exact
+  distribution each row's token is drawn from; speculative verification
+  compares against these rows, so nothing downstream may reshape them.
+  - Greedy rows (``temperature == 0``) are one-hot on ``torch.argmax(logits)``
+    (lowest index wins ties). An all-greedy batch never computes a softmax.
+  - Other rows apply, in this order: ``softmax(logits / temperature)`` in
+    float32; top-k (keep the k most probable, ties broken toward the lower
+    token id); top-p on the top-k-renormalised distribution (keep the
+    shortest most-probable prefix whose mass reaches ``top_p``, with a 1e-6
+    tolerance for float rounding; ``top_p == 1`` is off); min-p (keep
+    ``p >= min_p * p_max``); then renormalise. The most probable token is
+    always kept. Rows may carry different parameters; work is vectorised over
+    the batch.
+* ``sample(probs[B, V], generators)`` draws one token per row by inverse CDF
+  with one float64 uniform from that row's generator (the global RNG where
+  the generator is None). A seeded row therefore yields the same tokens in any
+  batch. Rows with a single nonzero entry return it and consume no randomness.
+* ``to_sparse``/``to_dense``/``sample_sparse`` carry a distribution as its
+  nonzero support sorted by token id; ``sample_sparse`` uses the same inverse
+  CDF, so for the same generator state it picks the token ``sample`` would.
+* ``is_stop``: a stop token always stops; an EOS token stops unless
+  ``ignore_eos``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "SamplingParams",
+    "is_stop",
+    "make_generator",
+    "probs_from_logits",
+    "sample",
+    "sample_sparse",
+    "to_dense",
+    "to_sparse",
+]
+
+TOP_P_TOLERANCE = 1e-6
+_SEED_LIMIT = 2**64
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 128
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        def bad(name: str, rule: str) -> ValueError:
+            return ValueError(f"SamplingParams.{name} must be {rule}, got {getattr(self, name)!r}")
+
+        if not _is_real(self.temperature) or self.temperature < 0:
+            raise bad("temperature", "a finite number >= 0")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise bad("top_k", "an int >= 0 (0 disables it)")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+            raise bad("top_p", "a number in (0, 1]")
+        if not _is_real(self.min_p) or not 0 <= self.min_p < 1:
+            raise bad("min_p", "a number in [0, 1)")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < _SEED_LIMIT):
+            raise bad("seed", "None or an int in [0, 2**64)")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise bad("max_tokens", "an int >= 1")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, Collection):
+            raise bad("stop_token_ids", "a sequence of ints >= 0")
+        if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "a sequence of ints >= 0")
+        self.stop_token_ids = tuple(self.stop_token_ids)
+        if not isinstance(self.ignore_eos, bool):
+            raise bad("ignore_eos", "a bool")
+        self.temperature = float(self.temperature)
+        self.top_p = float(self.top_p)
+        self.min_p = float(self.min_p)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _per_row(params: SamplingParams | Sequence[SamplingParams], batch: int) -> list[SamplingParams]:
+    if isinstance(params, SamplingParams):
+        return [params] * batch
+    rows = list(params)
+    if len(rows) != batch:
+        raise ValueError(f"got {len(rows)} SamplingParams for a batch of {batch} rows")
+    for row in rows:
+        if not isinstance(row, SamplingParams):
+            raise TypeError(f"expected SamplingParams, got {type(row).__name__}")
+    return rows
+
+
+def _one_hot_argmax(logits: Tensor) -> Tensor:
+    out = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+    return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+
+
+def _filter(probs: Tensor, rows: list[SamplingParams]) -> Tensor:
+    batch, vocab = probs.shape
+    dev = probs.device
+    top_k = torch.tensor([r.top_k if 0 < r.top_k < vocab else vocab for r in rows], device=dev)
+    top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float64, device=dev)
+    min_p = torch.tensor([r.min_p for r in rows], dtype=torch.float32, device=dev)
+
+    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
+    keep = torch.arange(vocab, device=dev)[None, :] < top_k[:, None]
+
+    kept = (sorted_p * keep).double()
+    mass = kept.sum(dim=-1, keepdim=True)
+    before = torch.cat([kept.new_zeros(batch, 1), kept.cumsum(dim=-1)[:, :-1]], dim=-1) / mass
+    within_p = before < (top_p - TOP_P_TOLERANCE)[:, None]
+    keep &= within_p | (top_p >= 1.0)[:, None]
+
+    keep &= sorted_p >= min_p[:, None] * sorted_p[:, :1]
+    keep[:, 0] = True
+
+    mask = torch.zeros_like(keep).scatter_(-1, order, keep)
+    out = probs * mask
+    return out / out.sum(dim=-1, keepdim=True)
+
+
+def probs_from_logits(logits: Tensor, params: SamplingParams | Sequence[SamplingParams]) -> Tensor:
+    """The float32 distribution each row's next token is drawn from (see module docstring)."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
+    batch, vocab = logits.shape
+    if vocab == 0:
+        raise ValueError("logits has an empty vocabulary dimension")
+    rows = _per_row(params, batch)
+    greedy = [r.greedy for r in rows]
+    if all(greedy):
+        return _one_hot_argmax(logits)
+
+    temps = torch.tensor([1.0 if g else r.temperature for g, r in zip(greedy, rows)],
+                         dtype=torch.float32, device=logits.device)
+    x = logits.float()
+    x = (x - x.max(dim=-1, keepdim=True).values) / temps[:, None]
+    probs = torch.softmax(x, dim=-1)
+    if any(r.top_k > 0 or r.top_p < 1.0 or r.min_p > 0.0 for r in rows):
+        probs = _filter(probs, rows)
+    if any(greedy):
+        idx = torch.tensor([i for i, g in enumerate(greedy) if g], device=logits.device)
+        probs[idx] = _one_hot_argmax(logits[idx])
+    return probs
+
+
+def make_generator(seed: int | None) -> torch.Generator | None:
+    """A CPU generator seeded with ``seed``; None when ``seed`` is None."""
+    if seed is None:
+        return None
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed)
+    return gen
+
+
+def _uniform(generator: torch.Generator | None) -> float:
+    if generator is None:
+        return torch.rand((), dtype=torch.float64).item()
+    return torch.rand((), dtype=torch.float64, generator=generator, device=generator.device).item()
+
+
+def sample(probs: Tensor, generators: Sequence[torch.Generator | None] | None = None) -> Tensor:
+    """One token id per row of ``probs[B, V]``, each row using its own generator."""
+    if probs.dim() != 2:
+        raise ValueError(f"probs must be [batch, vocab], got shape {tuple(probs.shape)}")
+    batch, vocab = probs.shape
+    if generators is None:
+        generators = [None] * batch
+    elif len(generators) != batch:
+        raise ValueError(f"got {len(generators)} generators for a batch of {batch} rows")
+
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1]
+    support = (probs > 0).sum(dim=-1)
+    if batch and not bool(torch.all(torch.isfinite(total) & (total > 0))):
+        raise ValueError("every row of probs must have finite, positive total mass")
+    single = support.eq(1).tolist()
+
+    u = [0.0 if one else _uniform(gen) for one, gen in zip(single, generators)]
+    target = torch.tensor(u, dtype=torch.float64, device=probs.device) * total
+    drawn = torch.searchsorted(cdf, target[:, None], right=True).squeeze(-1).clamp_(max=vocab - 1)
+    return torch.where(support.eq(1), probs.argmax(dim=-1), drawn)
+
+
+def to_sparse(probs_row: Tensor) -> tuple[Tensor, Tensor]:
+    """The nonzero support of a [V] distribution: (ids int64 sorted ascending, p float32)."""
+    if probs_row.dim() != 1:
+        raise ValueError(f"probs_row must be [vocab], got shape {tuple(probs_row.shape)}")
+    ids = torch.nonzero(probs_row, as_tuple=True)[0]
+    return ids.to(torch.int64), probs_row[ids].to(torch.float32)
+
+
+def to_dense(ids: Tensor, p: Tensor, vocab_size: int) -> Tensor:
+    """Scatter a sparse support back into a float32 [vocab_size] distribution."""
+    if ids.shape != p.shape or ids.dim() != 1:
+        raise ValueError(f"ids and p must be matching 1-D tensors, got {tuple(ids.shape)} and {tuple(p.shape)}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"token ids must lie in [0, {vocab_size})")
+    out = torch.zeros(vocab_size, dtype=torch.float32, device=p.device)
+    return out.index_put_((ids.to(torch.int64),), p.to(torch.float32))
+
+
+def sample_sparse(ids: Tensor, p: Tensor, generator: torch.Generator | None = None) -> int:
+    """Draw one token id from a sparse support; the same rule as :func:`sample`."""
+    if ids.shape != p.shape or ids.dim() != 1 or ids.numel() == 0:
+        raise ValueError("ids and p must be matching, non-empty 1-D tensors")
+    nonzero = torch.nonzero(p > 0, as_tuple=True)[0]
+    if nonzero.numel() == 1:
+        return int(ids[nonzero[0]])
+    cdf = p.double().cumsum(dim=0)
+    total = cdf[-1]
+    if not (torch.isfinite(total) and total > 0):
+        raise ValueError("p must have finite, positive total mass")
+    target = torch.tensor([_uniform(generator)], dtype=torch.float64, device=cdf.device) * total
+    pos = int(torch.searchsorted(cdf, target, right=True).clamp_(max=ids.numel() - 1))
+    return int(ids[pos])
+
+
+def is_stop(token_id: int, params: SamplingParams, eos_token_ids: Collection[int] | int = ()) -> bool:
+    """True when ``token_id`` ends the request: a stop id always, EOS unless ``ignore_eos``."""
+    if token_id in params.stop_token_ids:
+        return True
+    if params.ignore_eos:
+        return False
+    if isinstance(eos_token_ids, int):
+        return token_id == eos_token_ids
+    return token_id in eos_token_ids
