@@ -28,6 +28,7 @@ class Sequence:
     slot: int = -1
     generator: torch.Generator | None = None
     finish_reason: FinishReason | None = None
+    stats: object = None  # SpecStats for speculative engines
 
     def __post_init__(self):
         if self.generator is None:

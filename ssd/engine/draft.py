@@ -1,0 +1,221 @@
+"""The draft's role: own the draft model and the draft KV of its sequences; speculate.
+
+Two kinds of work, both batched over sequences:
+- `jit`: decode k tokens now from the committed tokens (SD's drafting, and SSD's JIT backup on a miss).
+- `speculate`: SSD's per-round work for a speculation S = (s1..sK) that the target is verifying: a glue
+  forward over [last committed token, s1..sK] at their real positions (draft KV for the round, and the
+  draft's distribution for t* after each acceptance length j), forks (top-F_j candidates for t*), then K
+  batched steps that grow every fork into a chain of K tokens: the next speculation for outcome (j, t*).
+
+Branch chains of one sequence are the T queries of one forward row: each attends the committed prefix plus
+s1..sj and its own chain, through an explicit mask, and writes its KV to scratch columns past the
+speculated region, so committed KV is never overwritten. The draft's KV stays valid for the committed tokens;
+speculative KV that later turns out committed (accepted tokens) is kept by `commit` without recomputation.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ssd.models.decoder import Decoder, ForwardBatch
+from ssd.sampling import SamplingParams, make_generator, sample
+from ssd.spec.cache import CacheEntry
+from ssd.spec.forks import select_forks
+from ssd.spec.proposal import proposal_probs, sparse_support
+
+SEED_OFFSET = 0x5D_5D  # the draft's generator differs from the target's for the same request seed
+
+
+@dataclass(slots=True)
+class DraftParams:
+    """How a sequence's proposals are drawn: temperature 0 = greedy; top_k keeps q sparse on the wire."""
+    temperature: float = 0.0
+    top_k: int = 0
+    saguaro_c: float = 1.0
+    saguaro_f: int = 0
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class Speculation:
+    tokens: list[int]
+    proposal: list[tuple[list[int], list[float]]] | None = None
+
+
+@dataclass(slots=True)
+class _DraftSeq:
+    tokens: list[int]
+    params: DraftParams
+    slot: int
+    kv_len: int = 0                                   # KV valid for tokens[:kv_len]
+    written: list[int] = field(default_factory=list)  # speculative tokens whose KV follows kv_len
+    generator: torch.Generator | None = None
+
+
+class DraftWorker:
+    def __init__(self, model: Decoder, max_seqs: int, max_len: int, k: int, fanout: list[int]):
+        if len(fanout) != k + 1:
+            raise ValueError(f"fanout needs K+1 = {k + 1} entries, got {fanout}")
+        self.model, self.k, self.fanout = model, k, list(fanout)
+        self.max_len = max_len
+        self.cache = model.make_cache(max_seqs, max_len, scratch=k + 1 + sum(fanout) * k)
+        self.seqs: dict[int, _DraftSeq] = {}
+        self.device = model.embed.device
+        self.last_jit_step_s = 0.0
+        self.last_speculate_s = 0.0
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.seqs
+
+    def add(self, seq_id: int, tokens: list[int], params: DraftParams) -> None:
+        """Start (or rebuild) a sequence from its committed tokens; its KV is computed lazily."""
+        self.free(seq_id)
+        seed = None if params.seed is None else (params.seed + SEED_OFFSET) % 2**63
+        self.seqs[seq_id] = _DraftSeq(list(tokens), params, self.cache.allocate(), generator=make_generator(seed))
+
+    def commit(self, seq_id: int, new_tokens: list[int]) -> None:
+        """Append newly committed tokens; KV already written for a matching speculative prefix is kept."""
+        s = self.seqs[seq_id]
+        if s.kv_len == len(s.tokens):
+            m = 0
+            while m < min(len(new_tokens), len(s.written)) and new_tokens[m] == s.written[m]:
+                m += 1
+            s.kv_len += m
+        s.tokens.extend(new_tokens)
+        s.written = []
+
+    def free(self, seq_id: int) -> None:
+        s = self.seqs.pop(seq_id, None)
+        if s is not None:
+            self.cache.release(s.slot)
+
+    def _propose(self, logits: torch.Tensor, seqs: list[_DraftSeq]) -> tuple[list[int], list | None]:
+        """Draw one token per row from the proposal q; return the tokens and q's sparse support (or None)."""
+        if all(s.params.temperature == 0 for s in seqs):
+            return logits.argmax(-1).tolist(), None
+        groups: dict[tuple, list[int]] = {}
+        for b, s in enumerate(seqs):
+            p = s.params
+            groups.setdefault((p.temperature, p.top_k, p.saguaro_c, p.saguaro_f), []).append(b)
+        if len(groups) == 1:
+            q = proposal_probs(logits, *next(iter(groups)))
+        else:
+            q = torch.empty_like(logits)
+            for key, rows in groups.items():
+                q[rows] = proposal_probs(logits[rows], *key)
+        tokens = sample(q, [s.generator for s in seqs]).tolist()
+        support = [(ids.tolist(), ps.tolist()) for ids, ps in sparse_support(q)]
+        return tokens, support
+
+    def _catch_up_rows(self, seqs: list[_DraftSeq]) -> tuple[list[list[int]], list[int]]:
+        """Tokens each sequence must (re)feed so its last committed token's output is computed."""
+        starts = [min(s.kv_len, len(s.tokens) - 1) for s in seqs]
+        return [s.tokens[st:] for s, st in zip(seqs, starts)], starts
+
+    @torch.inference_mode()
+    def jit(self, seq_ids: list[int], k: int | None = None) -> list[Speculation]:
+        """Decode k tokens now for each sequence (the speculation for its next verification)."""
+        k = self.k if k is None else k
+        seqs = [self.seqs[i] for i in seq_ids]
+        k_eff = [max(0, min(k, self.max_len - len(s.tokens))) for s in seqs]
+        specs = [Speculation([], [] if s.params.temperature else None) for s in seqs]
+        rows, starts = self._catch_up_rows(seqs)
+        t0 = time.perf_counter()
+        for step in range(max(k_eff, default=0)):
+            active = [b for b in range(len(seqs)) if k_eff[b] > step]
+            fb = ForwardBatch.ragged([rows[b] for b in active], [starts[b] for b in active],
+                                     [seqs[b].slot for b in active], self.device)
+            lengths = torch.tensor([len(rows[b]) - 1 for b in active], device=self.device)
+            hidden = self.model(fb, self.cache)[torch.arange(len(active), device=self.device), lengths]
+            tokens, support = self._propose(self.model.logits(hidden), [seqs[b] for b in active])
+            for r, b in enumerate(active):
+                if step == 0:
+                    seqs[b].kv_len = len(seqs[b].tokens)
+                else:
+                    seqs[b].written.append(rows[b][0])
+                specs[b].tokens.append(tokens[r])
+                if specs[b].proposal is not None:
+                    specs[b].proposal.append(support[r])
+                starts[b] += len(rows[b])
+                rows[b] = [tokens[r]]
+        self.last_jit_step_s = (time.perf_counter() - t0) / max(1, max(k_eff, default=0))
+        return specs
+
+    @torch.inference_mode()
+    def speculate(self, items: list[tuple[int, list[int]]]) -> dict[int, dict[tuple[int, int], CacheEntry]]:
+        """For each (seq_id, speculation being verified): cache entries keyed by the anticipated (j, t*)."""
+        t0 = time.perf_counter()
+        seqs = [self.seqs[i] for i, _ in items]
+        specs = [list(s) for _, s in items]
+        rows, starts = self._catch_up_rows(seqs)
+        rows = [r + sp for r, sp in zip(rows, specs)]
+        fb = ForwardBatch.ragged(rows, starts, [s.slot for s in seqs], self.device)
+        hidden = self.model(fb, self.cache)
+        # the outputs at the last committed token and at s1..sK: the draft's view of t* for j = 0..len(sp)
+        picks = [(b, c) for b, sp in enumerate(specs) for c in range(len(rows[b]) - len(sp) - 1, len(rows[b]))]
+        logits = self.model.logits(hidden[[b for b, _ in picks], [c for _, c in picks]])
+        forks_per_seq, at = [], 0
+        for s, sp in zip(seqs, specs):
+            s.kv_len, s.written = len(s.tokens), list(sp)
+            fan = self.fanout[:len(sp)] + [self.fanout[-1]]
+            forks_per_seq.append(select_forks(logits[at:at + len(sp) + 1], torch.tensor(sp, dtype=torch.long), fan))
+            at += len(sp) + 1
+        entries = self._grow_branches(seqs, specs, forks_per_seq)
+        self.last_speculate_s = time.perf_counter() - t0
+        return {seq_id: e for (seq_id, _), e in zip(items, entries)}
+
+    def _grow_branches(self, seqs, specs, forks_per_seq) -> list[dict[tuple[int, int], CacheEntry]]:
+        """K batched steps; row b holds all branches of sequence b as its queries."""
+        B, K = len(seqs), self.k
+        nb = [len(f) for f in forks_per_seq]
+        width = max(nb, default=0)
+        if width == 0:
+            return [{} for _ in seqs]
+        L = [len(s.tokens) for s in seqs]
+        base = [L[b] + len(specs[b]) + 1 for b in range(B)]        # first scratch column
+        kv_len = max(base[b] + nb[b] * K for b in range(B))
+        prefix = torch.zeros((B, width), dtype=torch.long)          # columns [0, L + j) are visible
+        ids = torch.zeros((B, width), dtype=torch.long)
+        valid = torch.zeros((B, width), dtype=torch.bool)
+        for b, forks in enumerate(forks_per_seq):
+            for i, (j, t) in enumerate(forks):
+                prefix[b, i], ids[b, i], valid[b, i] = L[b] + j, t, True
+        branch = torch.arange(width)
+        cols0 = torch.tensor(base)[:, None] + branch[None, :] * K   # chain start column per branch
+        col = torch.arange(kv_len)[None, None, :]
+        chains = [[[] for _ in range(nb[b])] for b in range(B)]
+        props = [[[] for _ in range(nb[b])] for b in range(B)]
+        branch_seqs = [s for b, s in enumerate(seqs) for _ in range(nb[b])]
+        for d in range(K):
+            cols = cols0 + d
+            mask = (col < prefix[:, :, None]) | ((col >= cols0[:, :, None]) & (col <= cols[:, :, None]))
+            mask |= ~valid[:, :, None] & (col == 0)  # padding queries see one column: no empty softmax
+            fb = ForwardBatch(ids.to(self.device), (prefix + d).to(self.device), torch.tensor(
+                [s.slot for s in seqs], device=self.device), kv_len, valid.to(self.device),
+                cols.to(self.device), mask.to(self.device))
+            hidden = self.model(fb, self.cache)[valid.to(self.device)]  # branches in (b, i) order
+            tokens, support = self._propose(self.model.logits(hidden), branch_seqs)
+            r = 0
+            for b in range(B):
+                for i in range(nb[b]):
+                    chains[b][i].append(tokens[r])
+                    if support is not None:
+                        props[b][i].append(support[r])
+                    ids[b, i] = tokens[r]
+                    r += 1
+        out = []
+        for b, forks in enumerate(forks_per_seq):
+            sampled = seqs[b].params.temperature != 0
+            out.append({(j, t): CacheEntry(tuple(chains[b][i]), tuple(props[b][i]) if sampled else None)
+                        for i, (j, t) in enumerate(forks)})
+        return out
+
+
+def draft_params_for(params: SamplingParams, top_k: int = 0, saguaro_c: float = 1.0,
+                     saguaro_f: int = 0) -> DraftParams:
+    """The draft samples at the request's temperature; greedy requests get a greedy draft."""
+    if params.greedy:
+        return DraftParams(seed=params.seed)
+    return DraftParams(params.temperature, top_k, saguaro_c, saguaro_f, params.seed)

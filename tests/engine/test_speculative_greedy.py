@@ -1,0 +1,85 @@
+"""Greedy SD and SSD produce exactly the AR engine's tokens, whatever K, fan-out, backup or draft quality."""
+import pytest
+
+from ssd.engine.ar import AREngine
+from ssd.engine.speculative import SpecConfig, SpeculativeEngine
+from ssd.models.loader import load_model
+from ssd.sampling import SamplingParams
+from ssd.spec.fanout import geometric_fanout
+from ssd.tokenizer import Tokenizer
+
+from ssd.prompts import PROMPTS
+
+
+@pytest.fixture(scope="module")
+def pair(default_models):
+    tok = Tokenizer.from_folder(default_models["target"])
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p in PROMPTS]
+    return load_model(default_models["target"]), load_model(default_models["draft"]), prompts
+
+
+@pytest.fixture(scope="module")
+def reference(pair):
+    """AR outputs: 128 tokens for each of the 20 prompts (EOS ignored, so every position is compared)."""
+    target, _, prompts = pair
+    params = SamplingParams(max_tokens=128, ignore_eos=True)
+    return [s.output for s in AREngine(target, max_batch=len(prompts)).generate(prompts, params)]
+
+
+def run(pair, spec, n_prompts, max_tokens, draft=None):
+    target, small, prompts = pair
+    engine = SpeculativeEngine(target, draft or small, spec, max_batch=n_prompts)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return [s.output for s in engine.generate(prompts[:n_prompts], params)], engine
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_twenty_prompts_128_tokens_equal_ar(pair, reference, mode):
+    outputs, engine = run(pair, SpecConfig(mode=mode, k=3, budget=4), 20, 128)
+    assert outputs == reference
+    assert engine.stats.rounds > 0
+
+
+MATRIX = [(k, backup, fan) for k in (1, 3, 5) for backup in ("jit", "ngram", "none", "auto")
+          for fan in ("uniform", "geometric")]
+CI_MATRIX = [(1, "jit", "uniform"), (1, "ngram", "uniform"), (1, "none", "uniform"), (3, "jit", "uniform"),
+             (3, "jit", "geometric"), (3, "ngram", "geometric"), (3, "none", "geometric"),
+             (3, "auto", "geometric"), (5, "jit", "geometric"), (5, "ngram", "uniform"), (5, "none", "uniform")]
+
+
+def spec_for(k, backup, fan):
+    fanout = geometric_fanout(k, 3 * (k + 1), a=0.6, r=0.5) if fan == "geometric" else None
+    return SpecConfig(mode="ssd", k=k, fanout=fanout, budget=3 * (k + 1), backup=backup)
+
+
+@pytest.mark.parametrize("k,backup,fan", CI_MATRIX)
+def test_ssd_matrix_equals_ar(pair, reference, k, backup, fan):
+    outputs, engine = run(pair, spec_for(k, backup, fan), 3, 24)
+    assert outputs == [r[:24] for r in reference[:3]]
+    assert engine.stats.backups  # the backup path ran (the first round after prefill is a forced miss)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k,backup,fan", MATRIX)
+def test_ssd_matrix_full_length_equals_ar(pair, reference, k, backup, fan):
+    outputs, _ = run(pair, spec_for(k, backup, fan), 20, 128)
+    assert outputs == reference
+
+
+def test_draft_equal_to_target_hits_the_cache_and_stays_exact(pair, reference):
+    """With the target as its own draft nearly every outcome is anticipated: the hit path carries the run."""
+    target = pair[0]
+    outputs, engine = run(pair, SpecConfig(mode="ssd", k=3, budget=4), 3, 48, draft=target)
+    assert outputs == [r[:48] for r in reference[:3]]
+    stats = engine.stats
+    assert stats.hit_rate > 0.5
+    assert stats.acceptance_rate > 0.8
+    assert stats.tokens_per_round > 2.5
+
+
+def test_stats_account_for_every_token(pair, reference):
+    outputs, engine = run(pair, SpecConfig(mode="ssd", k=3), 4, 32)
+    stats = engine.stats
+    assert stats.tokens == sum(len(o) - 1 for o in outputs)  # all but each prefill token came from a round
+    assert stats.cache["forced"] == 4
+    assert sum(stats.cache.values()) == stats.rounds + 4 - 4  # one lookup per round, minus the finishing ones

@@ -1,0 +1,108 @@
+import pytest
+
+from ssd.spec.cache import CacheEntry, LookupReason, SpeculationCache
+
+R = LookupReason
+
+
+def started(seq_id=1):
+    cache = SpeculationCache()
+    cache.start_sequence(seq_id)
+    return cache
+
+
+def test_hit_returns_the_entry_for_the_matching_outcome():
+    cache = started()
+    cache.advance(1, 1)
+    a, b = CacheEntry(tokens=(5, 6, 7)), CacheEntry(tokens=(8, 9, 10))
+    assert cache.publish(1, 1, {(0, 42): a, (2, 17): b})
+    assert cache.lookup(1, 1, 2, 17) == (b, R.HIT)
+    assert cache.lookup(1, 1, 0, 42) == (a, R.HIT)
+
+
+def test_first_round_after_prefill_is_a_forced_miss_even_if_published():
+    cache = started()
+    cache.publish(1, 0, {(0, 3): CacheEntry(tokens=(1,))})
+    assert cache.lookup(1, 0, 0, 3) == (None, R.FORCED)
+
+
+def test_unanticipated_outcome_is_no_entry_and_undelivered_round_is_late():
+    cache = started()
+    cache.advance(1, 1)
+    assert cache.lookup(1, 1, 0, 3) == (None, R.LATE)
+    cache.publish(1, 1, {(0, 3): CacheEntry(tokens=(1,))})
+    assert cache.lookup(1, 1, 0, 4) == (None, R.NO_ENTRY)
+    assert cache.lookup(1, 1, 1, 3) == (None, R.NO_ENTRY)
+
+
+def test_stale_round_never_hits():
+    cache = started()
+    cache.advance(1, 1)
+    cache.publish(1, 1, {(0, 3): CacheEntry(tokens=(1,))})
+    assert cache.lookup(1, 2, 0, 3) == (None, R.STALE)
+    cache.advance(1, 2)
+    assert len(cache) == 0
+    assert cache.lookup(1, 1, 0, 3) == (None, R.STALE)
+    assert not cache.publish(1, 1, {(0, 3): CacheEntry(tokens=(1,))})
+    assert cache.lookup(1, 2, 0, 3) == (None, R.LATE)
+    assert cache.stats.stale_publishes == 1
+
+
+def test_newer_round_replaces_and_same_round_merges():
+    cache = started()
+    cache.advance(1, 1)
+    cache.publish(1, 1, {(0, 3): CacheEntry(tokens=(1,))})
+    cache.publish(1, 1, {(1, 4): CacheEntry(tokens=(2,))})
+    assert len(cache) == 2
+    cache.publish(1, 2, {(0, 5): (7, 8)})
+    assert len(cache) == 1
+    assert not cache.publish(1, 1, {(0, 3): CacheEntry(tokens=(1,))})
+    cache.advance(1, 2)
+    entry, reason = cache.lookup(1, 2, 0, 5)
+    assert reason is R.HIT and entry.tokens == (7, 8)
+
+
+def test_end_sequence_frees_everything_and_ignores_late_publishes():
+    cache = started()
+    cache.start_sequence(2)
+    cache.advance(1, 1)
+    cache.publish(1, 1, {(j, t): CacheEntry(tokens=(t,)) for j in range(3) for t in range(4)})
+    assert len(cache) == 12
+    cache.end_sequence(1)
+    assert len(cache) == 0 and 1 not in cache and cache.num_sequences == 1
+    assert not cache.publish(1, 1, {(0, 0): CacheEntry(tokens=(0,))})
+    with pytest.raises(KeyError):
+        cache.lookup(1, 1, 0, 0)
+
+
+def test_counters_count_each_lookup_once_by_reason():
+    cache = started()
+    cache.lookup(1, 0, 0, 1)
+    cache.advance(1, 1)
+    cache.lookup(1, 1, 0, 1)
+    cache.publish(1, 1, {(0, 1): CacheEntry(tokens=(2,)), (0, 2): CacheEntry(tokens=(3,))})
+    cache.lookup(1, 1, 0, 1)
+    cache.lookup(1, 1, 0, 9)
+    cache.advance(1, 2)
+    cache.lookup(1, 1, 0, 1)
+    s = cache.stats
+    assert (s.forced, s.late, s.hit, s.no_entry, s.stale) == (1, 1, 1, 1, 1)
+    assert s.lookups == 5 and s.hit_rate == pytest.approx(0.2) and s.published_entries == 2
+
+
+def test_entry_validates_its_proposal_against_its_tokens():
+    e = CacheEntry(tokens=[3, 4], proposal=[([3, 5], [0.5, 0.5]), ([4], [1.0])])
+    assert e.proposal[1] == ((4,), (1.0,))
+    with pytest.raises(ValueError):
+        CacheEntry(tokens=(3,), proposal=[([5], [1.0])])
+    with pytest.raises(ValueError):
+        CacheEntry(tokens=(3, 4), proposal=[([3], [1.0])])
+
+
+def test_advance_cannot_go_back_and_start_twice_is_rejected():
+    cache = started()
+    cache.advance(1, 3)
+    with pytest.raises(ValueError):
+        cache.advance(1, 2)
+    with pytest.raises(ValueError):
+        cache.start_sequence(1)

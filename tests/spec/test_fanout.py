@@ -1,0 +1,103 @@
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from ssd.spec.fanout import (acceptance_counts, estimate_acceptance, fit_power_law, geometric_fanout,
+                             geometric_weights, uniform_fanout)
+
+GRID = list(itertools.product([0, 1, 3, 5, 8], [0, 1, 3, 4, 7, 16, 31, 64, 100], [0.3, 0.6, 0.8, 0.95],
+                              [0.3, 1.0, 2.5]))
+
+
+@pytest.mark.parametrize("K,budget", [(0, 5), (3, 0), (3, 2), (4, 17), (7, 64)])
+def test_uniform_fanout_sums_to_budget_and_differs_by_at_most_one(K, budget):
+    f = uniform_fanout(K, budget)
+    assert len(f) == K + 1 and sum(f) == budget
+    assert max(f) - min(f) <= 1 and f == sorted(f, reverse=True)
+
+
+def test_geometric_fanout_sums_exactly_to_budget_everywhere():
+    for K, budget, a, r in GRID:
+        f = geometric_fanout(K, budget, a, r)
+        assert len(f) == K + 1 and sum(f) == budget and min(f) >= 0, (K, budget, a, r, f)
+
+
+def test_geometric_fanout_is_non_increasing_before_the_bonus_position():
+    for K, budget, a, r in GRID:
+        f = geometric_fanout(K, budget, a, r)
+        assert all(f[j] >= f[j + 1] for j in range(K - 1)), (K, budget, a, r, f)
+
+
+def test_geometric_weights_match_theorem_12_shape():
+    K, a, r = 5, 0.75, 1.7
+    w = geometric_weights(K, a, r)
+    e = 1 / (1 + r)
+    expected = [a ** (j * e) for j in range(K)] + [a ** (K * e) * (1 - a) ** (-e)]
+    expected = [x / sum(expected) for x in expected]
+    assert w == pytest.approx(expected, rel=1e-12)
+    assert all(w[j] > w[j + 1] for j in range(K - 1))
+    assert w[K] / w[K - 1] == pytest.approx(a ** e * (1 - a) ** (-e))
+
+
+def test_rounded_fanout_stays_within_one_of_the_continuous_shares():
+    for K, budget, a, r in GRID:
+        f = geometric_fanout(K, budget, a, r)
+        ideal = [s * budget for s in geometric_weights(K, a, r)]
+        assert all(abs(x - y) < 1 for x, y in zip(f, ideal)), (K, budget, a, r, f, ideal)
+
+
+def test_budget_below_positions_leaves_the_smallest_shares_at_zero():
+    f = geometric_fanout(5, 3, 0.6, 1.0)
+    assert sum(f) == 3 and f.count(0) >= 3
+    shares = geometric_weights(5, 0.6, 1.0)
+    kept = [j for j, x in enumerate(f) if x]
+    assert min(shares[j] for j in kept) >= max(shares[j] for j, x in enumerate(f) if not x)
+
+
+def test_min_fanout_gives_every_position_a_fork_when_the_budget_allows():
+    f = geometric_fanout(7, 12, 0.3, 0.5, min_fanout=1)
+    assert sum(f) == 12 and min(f) >= 1
+    assert geometric_fanout(7, 12, 0.3, 0.5).count(0) > 0
+    assert sum(geometric_fanout(7, 5, 0.3, 0.5, min_fanout=1)) == 5
+
+
+def test_geometric_fanout_rejects_invalid_parameters():
+    for a in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError):
+            geometric_fanout(3, 10, a, 1.0)
+    with pytest.raises(ValueError):
+        geometric_fanout(3, 10, 0.5, 0.0)
+    with pytest.raises(ValueError):
+        geometric_fanout(3, -1, 0.5, 1.0)
+
+
+@pytest.mark.parametrize("r", [0.4, 1.0, 2.3])
+def test_fit_power_law_recovers_exponent_from_synthetic_miss_rates(r):
+    rng = np.random.default_rng(0)
+    fanouts = np.arange(1, 17)
+    miss = fanouts ** (-r) * np.exp(rng.normal(0.0, 0.02, fanouts.size))
+    assert fit_power_law(fanouts.tolist(), miss.tolist()) == pytest.approx(r, rel=0.03)
+    assert fit_power_law([2, 4, 8], [2 ** -r, 4 ** -r, 8 ** -r]) == pytest.approx(r, rel=1e-9)
+
+
+def test_fit_power_law_needs_a_fanout_above_one():
+    with pytest.raises(ValueError):
+        fit_power_law([1, 1], [1.0, 0.9])
+
+
+def test_acceptance_counts_follow_round_outcomes():
+    accepted, offered = acceptance_counts([0, 4, 2], K=4)
+    assert offered == [3, 2, 2, 1]
+    assert accepted == [2, 2, 1, 1]
+
+
+def test_estimate_acceptance_converges_to_data_and_holds_prior_on_few_samples():
+    assert estimate_acceptance([], []) == pytest.approx(0.7)
+    assert estimate_acceptance([0], [1]) > 0.6
+    accepted, offered = acceptance_counts([4] * 1000 + [0] * 1000, K=4)
+    assert estimate_acceptance(accepted, offered) == pytest.approx(4000 / 5000, abs=0.01)
+    assert estimate_acceptance([10_000], [10_000]) == 0.99
+    assert 0 < geometric_fanout(4, 20, estimate_acceptance([10_000], [10_000]), 1.0)[-1]
+    assert math.isfinite(estimate_acceptance([0], [100_000]))
