@@ -22,7 +22,7 @@ models: setup
 	$(BIN)/ssd models prepare
 
 run: models
-	$(BIN)/ssd generate --mode ar --max-tokens 128 "$(PROMPT)"
+	$(BIN)/ssd up --demo "$(PROMPT)"
 
 test: models
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

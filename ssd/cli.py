@@ -1,4 +1,10 @@
-"""The `ssd` command line: `ssd models prepare`, `ssd generate`."""
+"""The `ssd` command line.
+
+    ssd models prepare                 build the embedded default model pair
+    ssd up [--demo PROMPT]             router + target + draft as separate processes on loopback
+    ssd generate PROMPT                stream a completion from a running router (--local: in this process)
+    ssd target|draft|router [flags]    one service (for containers); flags, SSD_<ROLE>_* env, --config FILE
+"""
 from __future__ import annotations
 
 import argparse
@@ -29,10 +35,28 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where model folders live (default: $SSD_MODELS_DIR or ~/.cache/ssd/models)")
     prep.add_argument("--force", action="store_true", help="rebuild even if already prepared")
 
-    gen = sub.add_parser("generate", help="generate a completion in this process")
+    for role in ("target", "draft", "router"):
+        sub.add_parser(role, help=f"run the {role} service (see `ssd {role} --help`)", add_help=False)
+
+    up = sub.add_parser("up", help="start router, target and draft(s) as separate processes")
+    up.add_argument("--mode", choices=["ar", "sd", "ssd"], default="ssd")
+    up.add_argument("--drafts", type=int, default=1, help="draft replicas")
+    up.add_argument("--k", type=int, default=3)
+    up.add_argument("--backup", choices=["jit", "ngram", "none", "auto"], default="jit")
+    up.add_argument("--port", type=int, default=50051, help="the router's gRPC port")
+    up.add_argument("--models-dir", type=Path, default=None)
+    up.add_argument("--pin", action="store_true", help="pin the target to CPU 0 and drafts to CPU 1, one thread each")
+    up.add_argument("--demo", default=None, metavar="PROMPT", help="run one generation, print its stats, stop")
+
+    gen = sub.add_parser("generate", help="generate a completion (from a running router, or --local)")
     gen.add_argument("prompt")
-    gen.add_argument("--mode", choices=["ar"], default="ar")
+    gen.add_argument("--address", default="127.0.0.1:50051", help="the router's gRPC address")
+    gen.add_argument("--local", action="store_true", help="run the engines in this process instead")
+    gen.add_argument("--mode", choices=["ar", "sd", "ssd"], default="ar")
     gen.add_argument("--model", type=Path, default=None, help="target model folder (default: embedded SmolLM2)")
+    gen.add_argument("--draft", type=Path, default=None, help="draft model folder (default: the embedded draft)")
+    gen.add_argument("--k", type=int, default=3, help="drafted tokens per round (sd, ssd)")
+    gen.add_argument("--backup", choices=["jit", "ngram", "none", "auto"], default="jit", help="ssd miss policy")
     gen.add_argument("--models-dir", type=Path, default=None)
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
@@ -50,12 +74,88 @@ def cmd_prepare(args) -> int:
     return 0
 
 
+def print_stream(stream, out=sys.stdout) -> object:
+    """Print deltas as they come; return the final result."""
+    from ssd.client import Result
+
+    for item in stream:
+        if isinstance(item, Result):
+            out.write("\n")
+            return item
+        out.write(item.text)
+        out.flush()
+    return None
+
+
+def report(result, mode: str) -> None:
+    st = result.stats
+    decode = result.total_time_s - result.time_to_first_token_s
+    rate = (result.completion_tokens - 1) / decode if decode > 0 and result.completion_tokens > 1 else 0.0
+    print(f"[{mode}] {result.completion_tokens} tokens ({result.finish_reason}) in {result.total_time_s:.2f} s; "
+          f"first token {1000 * result.time_to_first_token_s:.0f} ms; {rate:.1f} tok/s after it", file=sys.stderr)
+    if st.rounds:
+        acc = ", ".join(f"{a:.2f}" for a in st.acceptance_per_position)
+        print(f"[{mode}] rounds {st.rounds}, tokens/round {st.tokens_per_round:.2f}, acceptance per position "
+              f"[{acc}], cache hits {st.cache_hits}, misses {st.cache_misses}", file=sys.stderr)
+
+
+def cmd_remote_generate(args) -> int:
+    import grpc
+
+    from ssd.client import Client
+
+    with Client(args.address) as client:
+        try:
+            result = print_stream(client.stream(
+                args.prompt, chat=not args.raw, max_tokens=args.max_tokens, temperature=args.temperature,
+                top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos))
+        except grpc.RpcError as e:
+            print(f"error: {e.code().name}: {e.details()} (is `ssd up` running at {args.address}?)", file=sys.stderr)
+            return 2
+        report(result, client.model_info().mode)
+    return 0
+
+
+def cmd_up(args) -> int:
+    import signal as _signal
+
+    from ssd.client import Client
+    from ssd.launcher import Stack, StackConfig
+    from ssd.models.prepare import prepare_default_models
+
+    prepare_default_models(args.models_dir, log=lambda *a: None)
+    cfg = StackConfig(mode=args.mode, drafts=args.drafts, models_dir=args.models_dir, grpc_port=args.port, k=args.k,
+                      backup=args.backup, target_cpus="0" if args.pin else "", draft_cpus="1" if args.pin else "",
+                      threads=1 if args.pin else 0)
+    stack = Stack(cfg)
+    print(f"starting router, target and {len(stack.draft_data)} draft(s) ({args.mode}) ...", file=sys.stderr)
+    try:
+        stack.start()
+        print(f"ready: router at {stack.grpc_address} (ssd generate --address {stack.grpc_address} \"PROMPT\")",
+              file=sys.stderr)
+        if args.demo:
+            with Client(stack.grpc_address) as client:
+                result = print_stream(client.stream(args.demo, chat=True, max_tokens=128))
+                report(result, args.mode)
+            return 0
+        stop = []
+        _signal.signal(_signal.SIGTERM, lambda *_: stop.append(1))
+        while not stop and all(p.poll() is None for p in stack.procs.values()):
+            time.sleep(0.5)
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stack.stop()
+
+
 def cmd_generate(args) -> int:
     import torch
 
     from ssd.engine.ar import AREngine
     from ssd.models.loader import load_model
-    from ssd.paths import target_dir
+    from ssd.engine.speculative import SpecConfig, SpeculativeEngine
+    from ssd.paths import draft_dir, target_dir
     from ssd.sampling import SamplingParams
     from ssd.tokenizer import Tokenizer
 
@@ -75,18 +175,29 @@ def cmd_generate(args) -> int:
     tok = Tokenizer.from_folder(folder)
     text = args.prompt if args.raw else tok.apply_chat_template([{"role": "user", "content": args.prompt}])
     model = load_model(folder)
-    engine = AREngine(model, max_batch=1, eos_token_ids=tuple(tok.eos_token_ids))
+    eos = tuple(tok.eos_token_ids)
+    if args.mode == "ar":
+        engine = AREngine(model, max_batch=1, eos_token_ids=eos)
+    else:
+        draft = load_model(args.draft or draft_dir(args.models_dir))
+        try:
+            spec = SpecConfig(mode=args.mode, k=args.k, backup=args.backup)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        engine = SpeculativeEngine(model, draft, spec, max_batch=1, eos_token_ids=eos)
     seq = engine.add_request(tok.encode(text), params)
     detok = tok.detokenizer(skip_special_tokens=True)
     t0 = time.perf_counter()
-    first = None
+    first, shown = None, 0
     while engine.has_unfinished():
         engine.step()
         if first is None:
             first = time.perf_counter()
-        if seq.output:
-            sys.stdout.write(detok.push(seq.output[-1]))
-            sys.stdout.flush()
+        for tok_id in seq.output[shown:]:
+            sys.stdout.write(detok.push(tok_id))
+        shown = len(seq.output)
+        sys.stdout.flush()
     sys.stdout.write(detok.flush() + "\n")
     end = time.perf_counter()
     n = len(seq.output)
@@ -94,15 +205,41 @@ def cmd_generate(args) -> int:
     print(f"[{args.mode}] {n} tokens ({seq.finish_reason.value}) in {end - t0:.2f} s; "
           f"prefill {1000 * (first - t0):.0f} ms for {len(seq.prompt)} prompt tokens; "
           f"decode {decode_rate:.1f} tok/s", file=sys.stderr)
+    if seq.stats is not None:
+        st = seq.stats
+        print(f"[{args.mode}] rounds {st.rounds}, tokens/round {st.tokens_per_round:.2f}, "
+              f"acceptance {st.acceptance_rate:.2f}, cache {st.cache}, backups {st.backups}", file=sys.stderr)
     return 0
+
+
+def cmd_service(role: str, argv: list[str]) -> int:
+    from ssd.service_config import load_config
+
+    if role == "target":
+        from services.target.service import TargetConfig as Config, run
+    elif role == "draft":
+        from services.draft.service import DraftConfig as Config, run
+    else:
+        from services.router.service import RouterConfig as Config, run
+    try:
+        cfg = load_config(Config, argv, role)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return run(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("target", "draft", "router"):
+        return cmd_service(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "models":
         return cmd_prepare(args)
-    return cmd_generate(args)
+    if args.command == "up":
+        return cmd_up(args)
+    return cmd_generate(args) if args.local else cmd_remote_generate(args)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,13 @@ def test_prepare_when_done_is_quick_and_prints_paths(default_models):
 
 
 def test_generate_ar_prints_answer_and_rate(default_models):
-    out = run_cli("generate", "--mode", "ar", "--max-tokens", "12", "What is the capital of France?")
+    out = run_cli("generate", "--local", "--mode", "ar", "--max-tokens", "12", "What is the capital of France?")
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout
     assert "tok/s" in out.stderr and "[ar]" in out.stderr
 
 
 def test_generate_rejects_bad_sampling_args(default_models):
-    out = run_cli("generate", "--temperature", "-1", "hi")
+    out = run_cli("generate", "--local", "--temperature", "-1", "hi")
     assert out.returncode == 2
     assert "temperature" in out.stderr

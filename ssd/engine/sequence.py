@@ -3,20 +3,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from enum import Enum
-
 import torch
 
-from ssd.sampling import SamplingParams, make_generator
+from ssd.params import FinishReason, SamplingParams, finish_reason
+from ssd.sampling import make_generator
 
 _ids = itertools.count()
-
-
-class FinishReason(str, Enum):
-    STOP = "stop"      # a stop token id
-    EOS = "eos"        # the model's end-of-sequence token
-    LENGTH = "length"  # max_tokens, or the engine's maximum sequence length
-    ABORT = "abort"
 
 
 @dataclass(slots=True, eq=False)
@@ -49,10 +41,5 @@ class Sequence:
     def append(self, token: int, eos_token_ids, max_len: int) -> None:
         """Commit one generated token and decide whether the sequence is done."""
         self.output.append(token)
-        p = self.params
-        if token in p.stop_token_ids:
-            self.finish_reason = FinishReason.STOP
-        elif token in eos_token_ids and not p.ignore_eos:
-            self.finish_reason = FinishReason.EOS
-        elif len(self.output) >= p.max_tokens or self.num_tokens >= max_len:
-            self.finish_reason = FinishReason.LENGTH
+        self.finish_reason = finish_reason(token, self.params, eos_token_ids, len(self.output), self.num_tokens,
+                                           max_len)

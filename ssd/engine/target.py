@@ -82,6 +82,24 @@ class TargetWorker:
             s.tokens.append(t)
         return firsts
 
+    def check(self, item: VerifyItem) -> str | None:
+        """Why a verify item from a peer cannot be run (None when it can)."""
+        seq = self.seqs.get(item.seq_id)
+        if seq is None:
+            return f"unknown sequence {item.seq_id}"
+        vocab = self.model.cfg.vocab_size
+        if any(not 0 <= t < vocab for t in item.tokens):
+            return f"speculated token ids must lie in [0, {vocab})"
+        if len(seq.tokens) + len(item.tokens) > self.max_len:
+            return f"speculation of {len(item.tokens)} tokens runs past the maximum length {self.max_len}"
+        if item.proposal is not None and not seq.params.greedy:
+            if len(item.proposal) != len(item.tokens):
+                return f"{len(item.proposal)} proposal rows for {len(item.tokens)} speculated tokens"
+            for tok, (ids, ps) in zip(item.tokens, item.proposal):
+                if any(not 0 <= i < vocab for i in ids) or tok not in ids or ps[ids.index(tok)] <= 0:
+                    return "a speculated token lies outside its proposal's support"
+        return None
+
     @torch.inference_mode()
     def verify(self, items: list[VerifyItem]) -> list[Outcome]:
         t0 = time.perf_counter()

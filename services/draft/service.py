@@ -1,0 +1,131 @@
+"""The draft service: owns the draft model and the draft KV of the sequences routers assign to it.
+
+Per round a router sends `DraftRound` (the tokens committed since its last message and the speculation the
+target is verifying); the draft answers with one `CacheEntries` per sequence: the next speculation for every
+outcome it anticipates. On a miss a router sends `Jit` (decode K tokens now), answered by `JitResult`; JIT
+work is on the critical path, so it runs before speculative work. State changes (adds, frees, committed
+deltas) apply in arrival order; a `DraftRound` overtaken by a later message for the same sequence is stale
+and only its delta is applied. A sequence the draft does not know gets `Error(unknown_sequence)`: the
+router then re-adds it from its committed tokens (the draft is stateless apart from rebuildable KV).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ssd import wire
+from ssd.engine.draft import DraftParams, DraftWorker
+from ssd.spec.fanout import uniform_fanout
+from ssd.worker_io import WorkerEndpoint
+from ssd.worker_service import Handler, WorkerConfig, run_worker, setup_process
+
+log = logging.getLogger("ssd.draft")
+
+
+@dataclass(slots=True)
+class DraftConfig(WorkerConfig):
+    """Settings of a draft replica."""
+    data_address: str = field(default="tcp://127.0.0.1:5602", metadata={"help": "ZeroMQ endpoint to bind"})
+    control_address: str = field(default="127.0.0.1:5702", metadata={"help": "gRPC control address to bind"})
+    k: int = field(default=3, metadata={"help": "tokens per speculation (K)"})
+    fanout: tuple[int, ...] = field(default=(), metadata={"help": "forks per acceptance position F_0..F_K"})
+    budget: int = field(default=0, metadata={"help": "total forks per round when fanout is not given"})
+
+    def resolved_fanout(self) -> list[int]:
+        if self.fanout:
+            return list(self.fanout)
+        return uniform_fanout(self.k, self.budget or 2 * (self.k + 1))
+
+
+class DraftHandler(Handler):
+    def __init__(self, worker: DraftWorker, endpoint: WorkerEndpoint):
+        self.worker, self.endpoint = worker, endpoint
+
+    def active_sequences(self) -> int:
+        return len(self.worker.seqs)
+
+    def _error(self, peer, code, message, seq=None) -> None:
+        log.warning("peer %s seq %s: %s", peer.hex(), seq, message)
+        self.endpoint.send(peer, wire.Error(code, message, seq))
+
+    def _commit(self, peer, seq, delta) -> bool:
+        key = (peer, seq)
+        if key not in self.worker:
+            self._error(peer, "unknown_sequence", f"sequence {seq} is not on this draft", seq)
+            return False
+        if delta:
+            self.worker.commit(key, list(delta))
+        return True
+
+    def handle(self, batch) -> None:
+        jits: dict = {}    # key -> (peer, batch_id, seq, k)
+        rounds: dict = {}  # key -> (peer, seq, round, spec)
+        vocab = self.worker.model.cfg.vocab_size
+        for peer, msg in batch:
+            if isinstance(msg, wire.DraftAdd):
+                for it in msg.items:
+                    key = (peer, it.seq)
+                    jits.pop(key, None), rounds.pop(key, None)
+                    if not it.tokens or any(not 0 <= t < vocab for t in it.tokens):
+                        self._error(peer, "invalid_argument", f"tokens must be non-empty ids in [0, {vocab})", it.seq)
+                        continue
+                    p = it.params
+                    self.worker.add(key, list(it.tokens), DraftParams(p.temperature, p.top_k, p.saguaro_c,
+                                                                      p.saguaro_f, p.seed))
+            elif isinstance(msg, wire.Free):
+                for seq in msg.seqs:
+                    self.worker.free((peer, seq))
+                    jits.pop((peer, seq), None), rounds.pop((peer, seq), None)
+            elif isinstance(msg, wire.Jit):
+                for it in msg.items:
+                    if self._commit(peer, it.seq, it.delta):
+                        rounds.pop((peer, it.seq), None)
+                        jits[(peer, it.seq)] = (peer, msg.batch_id, it.seq, it.k)
+            elif isinstance(msg, wire.DraftRound):
+                for it in msg.items:
+                    if self._commit(peer, it.seq, it.delta):
+                        rounds[(peer, it.seq)] = (peer, it.seq, it.round, list(it.spec))
+            else:
+                self._error(peer, "unexpected_message", f"the draft does not handle {type(msg).__name__}")
+        if jits:
+            self._jit(jits)
+        if rounds:
+            self._speculate(rounds)
+
+    def _jit(self, jits: dict) -> None:
+        t0 = time.perf_counter()
+        keys = list(jits)
+        specs = self.worker.jit(keys, max(k for *_, k in jits.values()))
+        elapsed = time.perf_counter() - t0
+        grouped = defaultdict(list)
+        for key, sp in zip(keys, specs):
+            peer, batch_id, seq, k = jits[key]
+            grouped[(peer, batch_id)].append((seq, sp.tokens[:k], None if sp.proposal is None else sp.proposal[:k]))
+        for (peer, batch_id), items in grouped.items():
+            self.endpoint.send(peer, wire.JitResult(batch_id, items, elapsed))
+
+    def _speculate(self, rounds: dict) -> None:
+        t0 = time.perf_counter()
+        keys = list(rounds)
+        published = self.worker.speculate([(key, rounds[key][3]) for key in keys])
+        elapsed = time.perf_counter() - t0
+        for key in keys:
+            peer, seq, rnd, _ = rounds[key]
+            entries = [wire.CacheEntry(j, t, list(e.tokens), None if e.proposal is None else
+                                       [(list(i), list(p)) for i, p in e.proposal])
+                       for (j, t), e in published[key].items()]
+            self.endpoint.send(peer, wire.CacheEntries(seq, rnd, entries, elapsed))
+
+
+def run(cfg: DraftConfig) -> int:
+    setup_process(cfg, "draft")
+    from ssd.paths import draft_dir
+
+    fanout = cfg.resolved_fanout()
+
+    def build(model) -> DraftWorker:
+        return DraftWorker(model, cfg.max_seqs, min(cfg.max_len, model.cfg.max_position_embeddings), cfg.k, fanout)
+
+    return run_worker(cfg, "draft", cfg.model or draft_dir(cfg.models_dir), build, DraftHandler, cfg.k, fanout)

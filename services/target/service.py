@@ -1,0 +1,112 @@
+"""The target service: owns the target model; prefills and verifies what routers send over ZeroMQ.
+
+Sequences are keyed by (router peer, sequence id), so several routers can share one target. Verify messages
+that arrive together are merged into one forward (continuous batching: new sequences join between rounds).
+A bad item gets an `Error` naming its sequence; the rest of its batch runs.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ssd import wire
+from ssd.engine.target import TargetWorker, VerifyItem
+from ssd.sampling import SamplingParams
+from ssd.worker_io import WorkerEndpoint
+from ssd.worker_service import Handler, WorkerConfig, run_worker, setup_process
+
+log = logging.getLogger("ssd.target")
+
+
+@dataclass(slots=True)
+class TargetConfig(WorkerConfig):
+    """Settings of the target service."""
+    data_address: str = field(default="tcp://127.0.0.1:5601", metadata={"help": "ZeroMQ endpoint to bind"})
+    control_address: str = field(default="127.0.0.1:5701", metadata={"help": "gRPC control address to bind"})
+
+
+class TargetHandler(Handler):
+    def __init__(self, worker: TargetWorker, endpoint: WorkerEndpoint):
+        self.worker, self.endpoint = worker, endpoint
+
+    def active_sequences(self) -> int:
+        return len(self.worker.seqs)
+
+    def handle(self, batch) -> None:
+        verifies = []
+        for peer, msg in batch:
+            if isinstance(msg, wire.Verify):
+                verifies.append((peer, msg))
+            elif isinstance(msg, wire.Prefill):
+                self._prefill(peer, msg)
+            elif isinstance(msg, wire.Free):
+                for seq in msg.seqs:
+                    self.worker.free((peer, seq))
+            else:
+                self._error(peer, "unexpected_message", f"the target does not handle {type(msg).__name__}")
+        if verifies:
+            self._verify(verifies)
+
+    def _error(self, peer, code, message, seq=None) -> None:
+        log.warning("peer %s seq %s: %s", peer.hex(), seq, message)
+        self.endpoint.send(peer, wire.Error(code, message, seq))
+
+    def _prefill(self, peer: bytes, msg) -> None:
+        t0 = time.perf_counter()
+        vocab = self.worker.model.cfg.vocab_size
+        requests, seqs = [], []
+        for item in msg.items:
+            s = item.sampling
+            try:
+                params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+                                        seed=s.seed)
+            except ValueError as e:
+                self._error(peer, "invalid_argument", str(e), item.seq)
+                continue
+            if not 0 < len(item.tokens) < self.worker.max_len or any(not 0 <= t < vocab for t in item.tokens):
+                self._error(peer, "invalid_argument",
+                            f"prompt needs 1..{self.worker.max_len - 1} token ids in [0, {vocab})", item.seq)
+                continue
+            self.worker.free((peer, item.seq))  # a re-prefill (after a router retry) replaces the old state
+            requests.append(((peer, item.seq), item.tokens, params))
+            seqs.append(item.seq)
+        while requests and len(requests) > self.worker.free_slots:
+            key, _, _ = requests.pop()
+            self._error(peer, "resource_exhausted", "the target has no free KV slot", seqs.pop())
+        if requests:
+            firsts = self.worker.prefill(requests)
+            self.endpoint.send(peer, wire.Prefilled(list(zip(seqs, firsts)), time.perf_counter() - t0))
+
+    def _verify(self, messages) -> None:
+        t0 = time.perf_counter()
+        items, owners = [], []
+        for peer, msg in messages:
+            for it in msg.items:
+                item = VerifyItem((peer, it.seq), list(it.tokens), it.proposal)
+                problem = self.worker.check(item)
+                if problem:
+                    self._error(peer, "invalid_argument", problem, it.seq)
+                    continue
+                items.append(item)
+                owners.append((peer, msg.batch_id))
+        if not items:
+            return
+        outcomes = self.worker.verify(items)
+        elapsed = time.perf_counter() - t0
+        grouped = defaultdict(list)
+        for owner, out in zip(owners, outcomes):
+            grouped[owner].append(wire.Outcome(out.seq_id[1], out.accepted, out.token))
+        for (peer, batch_id), outs in grouped.items():
+            self.endpoint.send(peer, wire.Outcomes(batch_id, outs, elapsed))
+
+
+def run(cfg: TargetConfig) -> int:
+    setup_process(cfg, "target")
+    from ssd.paths import target_dir
+
+    def build(model) -> TargetWorker:
+        return TargetWorker(model, cfg.max_seqs, min(cfg.max_len, model.cfg.max_position_embeddings))
+
+    return run_worker(cfg, "target", cfg.model or target_dir(cfg.models_dir), build, TargetHandler)

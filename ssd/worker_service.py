@@ -1,0 +1,144 @@
+"""What the target and draft services share: settings, process setup, the control plane, the serve loop.
+
+A worker process loads its model while its health is NOT_SERVING, binds its data plane (`WorkerEndpoint`),
+turns SERVING, then hands each batch of inbox messages to its role's handler until SIGTERM/SIGINT or a
+Drain. The handler holds the role's logic; this module only moves messages.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ssd import wire
+from ssd.control import ControlServer
+from ssd.worker_io import WorkerEndpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class WorkerConfig:
+    model: Path | None = field(default=None, metadata={"help": "model folder (default: the embedded default)"})
+    models_dir: Path | None = field(default=None, metadata={"help": "folder of prepared models"})
+    data_address: str = field(default="tcp://127.0.0.1:5601", metadata={"help": "ZeroMQ endpoint to bind"})
+    control_address: str = field(default="127.0.0.1:5701", metadata={"help": "gRPC control address to bind"})
+    max_seqs: int = field(default=16, metadata={"help": "sequences held at once (KV slots)"})
+    max_len: int = field(default=2048, metadata={"help": "maximum tokens per sequence"})
+    threads: int = field(default=0, metadata={"help": "torch threads (0 = torch's default)"})
+    cpus: str = field(default="", metadata={"help": "CPU affinity, e.g. '0' or '0,1' (empty = any)"})
+    log_level: str = field(default="INFO", metadata={"help": "logging level"})
+
+
+def setup_process(cfg: WorkerConfig, role: str) -> None:
+    logging.basicConfig(level=cfg.log_level.upper(), format=f"%(asctime)s {role} %(levelname)s %(message)s")
+    if cfg.cpus:
+        os.sched_setaffinity(0, {int(c) for c in cfg.cpus.split(",")})
+    if cfg.threads:
+        import torch
+        torch.set_num_threads(cfg.threads)
+
+
+class Handler:
+    """A role's logic: `handle` processes a batch of (peer, message) and replies through `endpoint.send`."""
+
+    endpoint: WorkerEndpoint
+
+    def handle(self, batch: list[tuple[bytes, object]]) -> None:
+        raise NotImplementedError
+
+    def active_sequences(self) -> int:
+        raise NotImplementedError
+
+
+def serve(handler: Handler, endpoint: WorkerEndpoint, control: ControlServer, stop: threading.Event) -> None:
+    """Run the compute loop until `stop` is set; errors in one batch are reported to its peers, not fatal."""
+    control.set_serving(True)
+    log.info("serving data plane on %s", endpoint.endpoint)
+    while not stop.is_set():
+        try:
+            batch = [endpoint.inbox.get(timeout=0.05)]
+        except queue.Empty:
+            continue
+        while True:
+            try:
+                batch.append(endpoint.inbox.get_nowait())
+            except queue.Empty:
+                break
+        try:
+            handler.handle(batch)
+        except Exception as e:  # a bug must not take the worker down for every other sequence
+            log.exception("batch of %d messages failed", len(batch))
+            for peer in {p for p, _ in batch}:
+                endpoint.send(peer, wire.Error("internal", f"{type(e).__name__}: {e}", None))
+
+
+def install_signal_handlers(stop: threading.Event) -> None:
+    def on_signal(signum, _frame):
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def wait_drained(handler: Handler, grace: float) -> int:
+    deadline = time.monotonic() + grace
+    while handler.active_sequences() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return handler.active_sequences()
+
+
+def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, handler_cls,
+               k: int = 0, fanout: list[int] | None = None) -> int:
+    """Serve one worker process: `build(model)` makes the role's worker, `handler_cls(worker, endpoint)` its logic."""
+    from ssd.models.loader import load_model
+    from ssd.tokenizer import Tokenizer
+
+    fanout = list(fanout or [])
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    state: dict = {"handler": None}
+
+    def info() -> dict:
+        h = state["handler"]
+        return {"role": role.upper(), "model_id": folder.name, "tokenizer_hash": state.get("fingerprint", ""),
+                "vocab_size": state.get("vocab", 0), "max_len": state.get("max_len", cfg.max_len),
+                "num_slots": cfg.max_seqs, "kv_capacity_tokens": cfg.max_seqs * state.get("max_len", cfg.max_len),
+                "kv_capacity_bytes": state.get("kv_bytes", 0), "k": k, "fanout": fanout,
+                "data_address": state.get("endpoint", cfg.data_address), "protocol_version": wire.PROTOCOL_VERSION,
+                "state": "DRAINING" if stop.is_set() else "SERVING" if h else "LOADING",
+                "active_sequences": h.active_sequences() if h else 0, "pid": os.getpid()}
+
+    def on_drain(grace: int) -> int:
+        left = wait_drained(state["handler"], grace) if state["handler"] else 0
+        stop.set()
+        return left
+
+    control = ControlServer(cfg.control_address, info, on_drain)
+    control.start()
+    model = load_model(folder)
+    tok = Tokenizer.from_folder(folder)
+    worker = build(model)
+    state.update(fingerprint=tok.fingerprint, vocab=model.cfg.vocab_size, kv_bytes=worker.cache.nbytes(),
+                 max_len=worker.max_len)
+
+    def ready() -> wire.Ready:
+        return wire.Ready(role, folder.name, tok.fingerprint, model.cfg.vocab_size, worker.max_len, k, fanout)
+
+    endpoint = WorkerEndpoint(cfg.data_address, ready, role)
+    state["endpoint"] = endpoint.start()
+    state["handler"] = handler = handler_cls(worker, endpoint)
+    try:
+        serve(handler, endpoint, control, stop)
+    finally:
+        control.set_serving(False)
+        endpoint.stop()
+        control.stop(0)
+    return 0

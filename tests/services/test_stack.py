@@ -1,0 +1,89 @@
+"""Router, target and draft as real processes over gRPC + ZeroMQ: exact output, failures, bad frames."""
+import signal
+from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
+
+import pytest
+import zmq
+
+from ssd import wire
+from ssd.client import Client
+
+
+
+def generate_all(address, prompts, mode, max_tokens=32):
+    """Run every prompt concurrently through the router; returns (token lists, results)."""
+    with Client(address, timeout=300) as client, ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(lambda p: client.generate(p, max_tokens=max_tokens, ignore_eos=True, mode=mode),
+                                prompts))
+    return [r.token_ids for r in results], results
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
+def test_greedy_output_through_stack_equals_in_process_ar(stack, chat_prompts, ar_reference, mode):
+    outputs, results = generate_all(stack.grpc_address, chat_prompts, mode=mode)
+    assert outputs == ar_reference
+    assert all(r.stats.mode == mode for r in results)
+    if mode != "ar":
+        assert sum(r.stats.rounds for r in results) > 0
+
+
+def test_draft_killed_mid_generation_output_unchanged_and_restart_picked_up(stack, chat_prompts, ar_reference):
+    client = Client(stack.grpc_address)
+    outputs: dict[int, list[int]] = {}
+
+    def run(i):
+        outputs[i] = client.generate(chat_prompts[i], max_tokens=32, ignore_eos=True, mode="ssd").token_ids
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    stack.kill("draft0", signal.SIGKILL)
+    for t in threads:
+        t.join(timeout=240)
+    assert [outputs[i] for i in range(4)] == ar_reference[:4]
+    assert client.server_info().drafts == []  # noticed within a second or two
+
+    stack.procs["draft0"].wait()
+    stack.start_draft(0)
+    deadline = time.monotonic() + 120
+    while not client.server_info().drafts and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert client.server_info().drafts == [stack.draft_data[0]]
+    again = client.generate(chat_prompts[0], max_tokens=16, ignore_eos=True, mode="sd")
+    assert again.token_ids == ar_reference[0][:16]
+    assert again.stats.rounds > 0 and again.stats.cache_misses == 0  # sd: JIT drafts came from the new draft
+
+
+BAD_FRAMES = {
+    "garbage": [b"\x00\xff\xfe", b"not msgpack at all"],
+    "unknown type": [bytes([0x66]), b"\x90"],
+    "single frame": [b"\x10"],
+    "truncated msgpack": [bytes([0x10]), b"\x92\x01\x81\xa5items"],
+    "wrong version": None,  # built below from a valid message
+    "oversized": [bytes([0x10]), b"\x00" * (wire.MAX_FRAME_BYTES + 1)],
+}
+
+
+def test_malformed_frames_are_rejected_logged_and_service_keeps_serving(stack, chat_prompts, ar_reference):
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(stack.target_data)
+    valid = wire.encode(wire.Free([12345]))
+    frames = dict(BAD_FRAMES)
+    frames["wrong version"] = [valid[0], valid[1].replace(b"\x01", b"\x09", 1)]
+    try:
+        for name, f in frames.items():
+            sock.send_multipart(f)
+            assert sock.poll(5000), f"no reply to the {name} frame"
+            reply = wire.decode(sock.recv_multipart())
+            assert isinstance(reply, wire.Error) and reply.code == "bad_frame", name
+    finally:
+        sock.close(0)
+        ctx.term()
+    outputs, _ = generate_all(stack.grpc_address, chat_prompts[:2], mode="ssd", max_tokens=16)
+    assert outputs == [r[:16] for r in ar_reference[:2]]
+    log_text = (stack.logs / "target.log").read_text()
+    assert log_text.count("rejected a frame") >= len(frames)
