@@ -48,6 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--pin", action="store_true", help="pin the target to CPU 0 and drafts to CPU 1, one thread each")
     up.add_argument("--demo", default=None, metavar="PROMPT", help="run one generation, print its stats, stop")
 
+    b = sub.add_parser("bench", help="AR, SD and SSD through real processes; writes bench/results/ssd.json")
+    b.add_argument("--new-tokens", type=int, default=256)
+    b.add_argument("--prompts", type=int, default=16)
+    b.add_argument("--batches", default="1,2,4,8")
+    b.add_argument("--k", type=int, default=3)
+    b.add_argument("--models-dir", type=Path, default=None)
+    b.add_argument("--draft", type=Path, default=None, help="draft model folder (default: the embedded draft)")
+    b.add_argument("--out", type=Path, default=Path("bench/results/ssd.json"))
+
     gen = sub.add_parser("generate", help="generate a completion (from a running router, or --local)")
     gen.add_argument("prompt")
     gen.add_argument("--address", default="127.0.0.1:50051", help="the router's gRPC address")
@@ -100,19 +109,17 @@ def report(result, mode: str) -> None:
 
 
 def cmd_remote_generate(args) -> int:
-    import grpc
-
-    from ssd.client import Client
+    from ssd.client import Client, SSDError
 
     with Client(args.address) as client:
         try:
             result = print_stream(client.stream(
                 args.prompt, chat=not args.raw, max_tokens=args.max_tokens, temperature=args.temperature,
                 top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos))
-        except grpc.RpcError as e:
-            print(f"error: {e.code().name}: {e.details()} (is `ssd up` running at {args.address}?)", file=sys.stderr)
+        except SSDError as e:
+            print(f"error: {e.code}: {e.details} (is `ssd up` running at {args.address}?)", file=sys.stderr)
             return 2
-        report(result, client.model_info().mode)
+        report(result, result.stats.mode)
     return 0
 
 
@@ -239,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_prepare(args)
     if args.command == "up":
         return cmd_up(args)
+    if args.command == "bench":
+        from ssd.bench import bench, markdown
+
+        result = bench(args.new_tokens, args.prompts, tuple(int(x) for x in args.batches.split(",")), args.k,
+                       args.models_dir, args.draft, args.out)
+        print(markdown(result))
+        return 0
     return cmd_generate(args) if args.local else cmd_remote_generate(args)
 
 

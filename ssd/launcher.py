@@ -55,6 +55,9 @@ class Stack:
         self.grpc_address = f"127.0.0.1:{cfg.grpc_port or free_port()}"
         self.target_data = f"tcp://127.0.0.1:{free_port()}"
         self.draft_data = [f"tcp://127.0.0.1:{free_port()}" for _ in range(cfg.drafts if cfg.mode != "ar" else 0)]
+        self.http_address = f"127.0.0.1:{free_port()}"
+        self.target_control = f"127.0.0.1:{free_port()}"
+        self.draft_control = [f"127.0.0.1:{free_port()}" for _ in self.draft_data]
         self._logs = []
 
     def _spawn(self, name: str, args: list[str]) -> None:
@@ -74,7 +77,7 @@ class Stack:
 
     def start_target(self) -> None:
         c = self.cfg
-        args = ["target", "--data-address", self.target_data, "--control-address", f"127.0.0.1:{free_port()}",
+        args = ["target", "--data-address", self.target_data, "--control-address", self.target_control,
                 "--max-seqs", str(c.max_batch), *self._common()]
         args += (["--model", str(c.target_model)] if c.target_model else [])
         args += (["--cpus", c.target_cpus] if c.target_cpus else [])
@@ -82,7 +85,7 @@ class Stack:
 
     def start_draft(self, i: int) -> None:
         c = self.cfg
-        args = ["draft", "--data-address", self.draft_data[i], "--control-address", f"127.0.0.1:{free_port()}",
+        args = ["draft", "--data-address", self.draft_data[i], "--control-address", self.draft_control[i],
                 "--max-seqs", str(c.max_batch), "--k", str(c.k), *self._common()]
         args += (["--model", str(c.draft_model)] if c.draft_model else [])
         args += (["--cpus", c.draft_cpus] if c.draft_cpus else [])
@@ -93,7 +96,8 @@ class Stack:
         self.start_target()
         for i in range(len(self.draft_data)):
             self.start_draft(i)
-        args = ["router", "--grpc-address", self.grpc_address, "--target", self.target_data,
+        args = ["router", "--grpc-address", self.grpc_address, "--http-address", self.http_address,
+                "--target", self.target_data,
                 "--drafts", ",".join(self.draft_data), "--mode", c.mode, "--backup", c.backup,
                 "--max-batch", str(c.max_batch), "--ready-timeout", str(timeout)]
         args += (["--models-dir", str(c.models_dir)] if c.models_dir else [])

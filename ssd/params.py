@@ -69,6 +69,9 @@ class FinishReason(str, Enum):
     EOS = "eos"        # the model's end-of-sequence token
     LENGTH = "length"  # max_tokens, or the maximum sequence length
     ABORT = "abort"
+    STOP_STRING = "stop_string"  # a stop string (handled where text exists: the router's front end)
+    TIME_LIMIT = "time_limit"    # the request's deadline passed
+    ERROR = "error"
 
 
 def finish_reason(token: int, params: SamplingParams, eos_token_ids, num_output: int, num_total: int,

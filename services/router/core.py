@@ -30,6 +30,7 @@ from ssd.params import FinishReason, SamplingParams, finish_reason
 from ssd.spec.backup import BackupPolicy, BackupTimings, choose_backup
 from ssd.spec.cache import CacheEntry, LookupReason, SpeculationCache
 from ssd.spec.ngram import ngram_propose
+from services.router.metrics import RouterMetrics
 from services.router.peers import Peer
 
 log = logging.getLogger("ssd.router")
@@ -52,8 +53,10 @@ class Request:
     seq: int
     prompt: list[int]
     params: SamplingParams
-    events: queue.Queue
+    events: object                 # anything with put(event): a queue.Queue, or an asyncio bridge
     mode: str = "ssd"
+    k: int = 0                     # per-request K (0: the draft's)
+    deadline: float | None = None  # time.monotonic() after which the request ends with TIME_LIMIT
     arrival: float = field(default_factory=time.monotonic)
     output: list[int] = field(default_factory=list)
     phase: Phase = Phase.PREFILL
@@ -63,6 +66,7 @@ class Request:
     spec_kind: str = ""
     draft_sent: int = 0            # committed tokens the draft knows
     first_token_at: float | None = None
+    last_emit_at: float = 0.0
     stats: SpecStats = field(default_factory=SpecStats)
     finish: FinishReason | None = None
 
@@ -77,8 +81,21 @@ class CoreConfig:
     ready_timeout: float = 180.0
 
 
+@dataclass(slots=True)
+class Timings:
+    """Cumulative round-time split: target compute, round trip as the router sees it, draft compute."""
+    verify_batches: int = 0
+    target_verify_s: float = 0.0
+    verify_roundtrip_s: float = 0.0
+    draft_rounds: int = 0
+    draft_round_s: float = 0.0
+    jit_batches: int = 0
+    jit_s: float = 0.0
+
+
 class RouterCore:
-    def __init__(self, cfg: CoreConfig, target: str, drafts: list[str], tokenizer_hash: str, eos_token_ids):
+    def __init__(self, cfg: CoreConfig, target: str, drafts: list[str], tokenizer_hash: str, eos_token_ids,
+                 metrics: RouterMetrics | None = None):
         if cfg.mode not in ("ar", "sd", "ssd"):
             raise ValueError(f"mode must be ar, sd or ssd, got {cfg.mode!r}")
         if cfg.mode != "ar" and not drafts:
@@ -93,6 +110,9 @@ class RouterCore:
         self.cache = SpeculationCache()
         self.timings = BackupTimings(k=3)
         self.stats = SpecStats()
+        self.metrics = metrics or RouterMetrics()
+        self.times = Timings()
+        self._sent_at: dict[int, float] = {}
         self.k = 0
         self.max_len = 0
         self._incoming: queue.Queue = queue.Queue()
@@ -103,21 +123,37 @@ class RouterCore:
         self._seqs = itertools.count(1)
         self._batches = itertools.count(1)
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._by_rid: dict[str, Request] = {}
         self._jit_pending: list[Request] = []
 
     # ---- called from other threads ------------------------------------------------------------
-    def submit(self, rid: str, prompt: list[int], params: SamplingParams, mode: str = "") -> Request:
+    def submit(self, rid: str, prompt: list[int], params: SamplingParams, mode: str = "", k: int = 0,
+               deadline: float | None = None, events=None) -> Request:
         mode = mode or self.cfg.mode
         if mode not in ("ar", "sd", "ssd"):
-            raise ValueError(f"mode: must be ar, sd or ssd, got {mode!r}")
+            raise ValueError(f"speculation.mode: must be ar, sd or ssd, got {mode!r}")
         if mode != "ar" and not self.drafts:
-            raise ValueError(f"mode: {mode} needs a draft, and this router has none")
-        req = Request(rid, next(self._seqs), list(prompt), params, queue.Queue(), mode)
+            raise ValueError(f"speculation.mode: {mode} needs a draft, and this router has none")
+        if k < 0 or (k and k > self.k):
+            raise ValueError(f"speculation.k: must be in 0..{self.k} (the draft's K), got {k}")
+        with self._lock:
+            if rid in self._by_rid:
+                raise ValueError(f"request_id: {rid!r} is already running")
+            req = Request(rid, next(self._seqs), list(prompt), params, events or queue.Queue(), mode, k, deadline)
+            self._by_rid[rid] = req
         self._incoming.put(req)
         return req
 
-    def abort(self, req: Request) -> None:
-        self._aborts.put(req)
+    def abort(self, req: Request, reason: FinishReason = FinishReason.ABORT) -> None:
+        self._aborts.put((req, reason))
+
+    def abort_id(self, rid: str) -> bool:
+        with self._lock:
+            req = self._by_rid.get(rid)
+        if req is not None:
+            self.abort(req)
+        return req is not None
 
     def stop(self) -> None:
         self._stop.set()
@@ -183,20 +219,22 @@ class RouterCore:
                 break
         while True:
             try:
-                req = self._aborts.get_nowait()
+                req, reason = self._aborts.get_nowait()
             except queue.Empty:
                 break
-            if req in self.waiting:
-                self.waiting.remove(req)
-                self._emit_done(req, FinishReason.ABORT)
-            elif req.seq in self.active:
-                self._finish(req, FinishReason.ABORT)
+            self._end(req, reason)
+        now = time.monotonic()
+        for req in [r for r in (*self.active.values(), *self.waiting) if r.deadline is not None and r.deadline < now]:
+            self._end(req, FinishReason.TIME_LIMIT)
         room = self.cfg.max_batch - len(self.active)
         admit, self.waiting = self.waiting[:max(0, room)], self.waiting[max(0, room):]
         if not admit:
             return
         items = []
+        self.metrics.set_queue_depth(len(self.waiting))
+        self.metrics.set_active(len(self.active) + len(admit))
         for req in admit:
+            self.metrics.request_started(req.mode)
             self.active[req.seq] = req
             s = req.params
             items.append(wire.PrefillItem(req.seq, req.prompt, wire.SamplingSpec(s.temperature, s.top_k, s.top_p,
@@ -206,13 +244,22 @@ class RouterCore:
     def _on_target(self, msg) -> None:
         if isinstance(msg, wire.Outcomes):
             self.timings.observe_verify(len(msg.items), msg.elapsed_s)
+            t = self.times
+            t.verify_batches += 1
+            t.target_verify_s += msg.elapsed_s
+            roundtrip = time.monotonic() - self._sent_at.pop(msg.batch_id, time.monotonic())
+            t.verify_roundtrip_s += roundtrip
+            self.metrics.target_verify(msg.elapsed_s, len(msg.items))
+            self.metrics.router_hop(max(0.0, roundtrip - msg.elapsed_s))
             for out in msg.items:
                 req = self.active.get(out.seq)
                 if req is None or req.phase is not Phase.VERIFY:
                     continue
                 req.round += 1
                 new = req.spec[:out.accepted] + [out.token]
-                req.stats.record_round(len(req.spec), out.accepted, self._commit(req, new))
+                committed = self._commit(req, new)
+                req.stats.record_round(len(req.spec), out.accepted, committed)
+                self.metrics.round_finished(req.mode, len(req.spec), out.accepted, committed)
                 if req.spec_kind in ("jit", "ngram") and req.spec:
                     self.timings.observe_acceptance(BackupPolicy(req.spec_kind), out.accepted, len(req.spec))
                 if req.finish is not None:
@@ -236,11 +283,17 @@ class RouterCore:
 
     def _on_draft(self, msg) -> None:
         if isinstance(msg, wire.CacheEntries):
+            self.times.draft_rounds += 1
+            self.times.draft_round_s += msg.elapsed_s
+            self.metrics.draft_round(msg.elapsed_s)
             if msg.seq in self.active:
                 entries = {(e.accepted, e.token): CacheEntry(e.tokens, e.proposal) for e in msg.entries}
                 self.cache.publish(msg.seq, msg.round, entries)
         elif isinstance(msg, wire.JitResult):
             self.timings.observe_draft_step(len(msg.items), msg.elapsed_s / max(1, self.k))
+            self.times.jit_batches += 1
+            self.times.jit_s += msg.elapsed_s
+            self.metrics.jit(msg.elapsed_s)
             for seq, tokens, proposal in msg.items:
                 req = self.active.get(seq)
                 if req is None or req.phase is not Phase.JIT:
@@ -258,17 +311,36 @@ class RouterCore:
             else:
                 log.warning("draft error %s: %s (seq %s)", msg.code, msg.message, msg.seq)
 
+    def _record_end(self, req: Request, reason: FinishReason) -> None:
+        now = time.monotonic()
+        ttft = None if req.first_token_at is None else req.first_token_at - req.arrival
+        self.metrics.request_finished(req.mode, reason.value, len(req.prompt), len(req.output), ttft, now - req.arrival)
+
+    def _end(self, req: Request, reason: FinishReason) -> None:
+        if req in self.waiting:
+            self.waiting.remove(req)
+            self._forget(req)
+            self._record_end(req, reason)
+            self._emit_done(req, reason)
+        elif req.seq in self.active:
+            self._finish(req, reason)
+
+    def _forget(self, req: Request) -> None:
+        with self._lock:
+            if self._by_rid.get(req.rid) is req:
+                del self._by_rid[req.rid]
+
     def _worker_error(self, role: str, msg) -> None:
         req = self.active.get(msg.seq) if msg.seq is not None else None
         log.warning("%s error %s: %s (seq %s)", role, msg.code, msg.message, msg.seq)
         if req is not None:
             req.events.put(("error", f"{role}: {msg.message}"))
-            self._finish(req, FinishReason.ABORT, notify=False)
+            self._finish(req, FinishReason.ERROR, notify=False)
 
     # ---- per-sequence decisions ---------------------------------------------------------------
     def _room(self, req: Request) -> int:
         n = len(req.prompt) + len(req.output)
-        return max(0, min(self.k, self.max_len - n - 1, req.params.max_tokens - len(req.output) - 1))
+        return max(0, min(req.k or self.k, self.max_len - n - 1, req.params.max_tokens - len(req.output) - 1))
 
     def _commit(self, req: Request, tokens: list[int]) -> int:
         n, now = 0, time.monotonic()
@@ -281,6 +353,9 @@ class RouterCore:
                 break
         if req.first_token_at is None:
             req.first_token_at = now
+        else:
+            self.metrics.tokens_emitted(n, now - req.last_emit_at)
+        req.last_emit_at = now
         req.events.put(("tokens", req.output[-n:]))
         return n
 
@@ -301,6 +376,7 @@ class RouterCore:
             entry, reason = self.cache.lookup(req.seq, req.round, j, t)
             self.cache.advance(req.seq, req.round + 1)
             req.stats.count("cache", reason.value)
+            self.metrics.cache_lookup(reason.value)
             if reason is LookupReason.HIT:
                 room = self._room(req)
                 req.spec, req.spec_kind, req.phase = list(entry.tokens[:room]), "cache", Phase.READY
@@ -323,6 +399,7 @@ class RouterCore:
             req.proposal = None if req.params.greedy else [([x], [1.0]) for x in tokens]
         req.spec_kind = kind.value
         req.stats.count("backups", kind.value)
+        self.metrics.backup_used(kind.value)
 
     def _dispatch(self) -> None:
         if self._jit_pending:
@@ -340,8 +417,9 @@ class RouterCore:
         ready = [r for r in self.active.values() if r.phase is Phase.READY]
         if not ready:
             return
-        self.target.send(wire.Verify(next(self._batches), [wire.VerifyItem(r.seq, r.spec, r.proposal)
-                                                           for r in ready]))
+        batch_id = next(self._batches)
+        self._sent_at[batch_id] = time.monotonic()
+        self.target.send(wire.Verify(batch_id, [wire.VerifyItem(r.seq, r.spec, r.proposal) for r in ready]))
         d = self.draft
         rounds = []
         for r in ready:
@@ -362,9 +440,11 @@ class RouterCore:
         if self.target.tick(now) == "died":
             for req in list(self.active.values()):
                 req.events.put(("error", f"target at {self.target.address} stopped answering"))
-                self._finish(req, FinishReason.ABORT, notify=False)
+                self._finish(req, FinishReason.ERROR, notify=False)
         for d in self.drafts:
             change = d.tick(now)
+            if change is not None:
+                self.metrics.set_drafts_alive(sum(p.alive for p in self.drafts))
             if change == "died":
                 for req in list(self.active.values()):
                     if req.phase is Phase.JIT:
@@ -379,6 +459,7 @@ class RouterCore:
         req.finish = reason
         if self.active.pop(req.seq, None) is None:
             return
+        self._forget(req)
         self.target.send(wire.Free([req.seq]))
         if self.draft is not None:
             self.draft.send(wire.Free([req.seq]))
@@ -386,6 +467,8 @@ class RouterCore:
             self.cache.end_sequence(req.seq)
         self.finished += 1
         self.stats.merge(req.stats)
+        self._record_end(req, reason)
+        self.metrics.set_active(len(self.active))
         if notify:
             self._emit_done(req, reason)
 

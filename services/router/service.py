@@ -9,30 +9,35 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
 from ssd.control import ControlServer
-from ssd.params import FinishReason, SamplingParams
+from ssd.params import FinishReason
 from ssd.pb import generation_pb2 as pb
 from ssd.pb import generation_pb2_grpc as pb_grpc
 from ssd.tokenizer import Tokenizer
 from services.router.core import CoreConfig, RouterCore, StartupError
+from services.router.frontend import Delta, Frontend, Limits
+from services.router.metrics import RouterMetrics
 
 log = logging.getLogger("ssd.router")
 
 FINISH = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.EOS: pb.FINISH_REASON_EOS,
-          FinishReason.LENGTH: pb.FINISH_REASON_LENGTH, FinishReason.ABORT: pb.FINISH_REASON_ABORT}
+          FinishReason.LENGTH: pb.FINISH_REASON_LENGTH, FinishReason.ABORT: pb.FINISH_REASON_ABORT,
+          FinishReason.STOP_STRING: pb.FINISH_REASON_STOP_STRING, FinishReason.TIME_LIMIT: pb.FINISH_REASON_TIME_LIMIT,
+          FinishReason.ERROR: pb.FINISH_REASON_ERROR}
+DEADLINE_MARGIN_S = 0.1  # end a request this long before its gRPC deadline, so the client still sees TIME_LIMIT
 
 
 @dataclass(slots=True)
 class RouterConfig:
     """Settings of the router."""
     grpc_address: str = field(default="127.0.0.1:50051", metadata={"help": "client gRPC address to bind"})
+    http_address: str = field(default="127.0.0.1:8000",
+                              metadata={"help": "OpenAI-compatible HTTP address to bind (empty = off)"})
     target: str = field(default="tcp://127.0.0.1:5601", metadata={"help": "the target's data-plane address"})
     drafts: tuple[str, ...] = field(default=("tcp://127.0.0.1:5602",),
                                     metadata={"help": "draft data-plane addresses, comma-separated"})
@@ -49,72 +54,57 @@ class RouterConfig:
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
 
+def request_fields(request) -> dict:
+    """GenerateRequest -> Frontend.build keyword arguments."""
+    which = request.WhichOneof("prompt")
+    prompt = {"text": {"text": request.text}, "token_ids": {"token_ids": list(request.token_ids.ids)},
+              "chat": {"messages": [{"role": m.role, "content": m.content} for m in request.chat.messages]},
+              None: {}}[which]
+    s, spec = request.sampling, request.speculation
+    return dict(**prompt, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p or 1.0, min_p=s.min_p,
+                seed=s.seed if s.HasField("seed") else None, max_tokens=request.max_tokens or None,
+                stop=list(request.stop), stop_token_ids=list(request.stop_token_ids), ignore_eos=request.ignore_eos,
+                mode="ar" if spec.off else spec.mode, k=spec.k, request_id=request.request_id)
+
+
+def stats_pb(st, mode: str) -> pb.SpeculationStats:
+    return pb.SpeculationStats(rounds=st.rounds, tokens_per_round=st.tokens_per_round,
+                               acceptance_per_position=st.acceptance_per_position, cache_hits=st.cache.get("hit", 0),
+                               cache_misses=sum(v for k, v in st.cache.items() if k != "hit"), mode=mode)
+
+
 class GenerationServicer(pb_grpc.GenerationServicer):
-    def __init__(self, core: RouterCore, tok: Tokenizer, cfg: RouterConfig, model_id: str):
-        self.core, self.tok, self.cfg, self.model_id = core, tok, cfg, model_id
-
-    def _prompt(self, request) -> list[int]:
-        which = request.WhichOneof("prompt")
-        if which == "text":
-            ids = self.tok.encode(request.text)
-        elif which == "token_ids":
-            ids = list(request.token_ids.ids)
-        elif which == "chat":
-            msgs = [{"role": m.role, "content": m.content} for m in request.chat.messages]
-            ids = self.tok.encode(self.tok.apply_chat_template(msgs))
-        else:
-            raise ValueError("prompt: set one of text, token_ids or chat")
-        if not ids:
-            raise ValueError("prompt: must not be empty")
-        vocab = self.core.target.ready.vocab_size
-        if max(ids) >= vocab:
-            raise ValueError(f"prompt: token ids must lie in [0, {vocab})")
-        if len(ids) >= self.core.max_len:
-            raise ValueError(f"prompt: {len(ids)} tokens; the maximum length is {self.core.max_len}")
-        return ids
-
-    def _params(self, request) -> SamplingParams:
-        s = request.sampling
-        max_tokens = request.max_tokens or self.cfg.max_tokens_default
-        if max_tokens > self.cfg.max_tokens_limit:
-            raise ValueError(f"max_tokens: {max_tokens} is above the limit {self.cfg.max_tokens_limit}")
-        return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p or 1.0, min_p=s.min_p,
-                              seed=s.seed if s.HasField("seed") else None, max_tokens=max_tokens,
-                              stop_token_ids=tuple(request.stop_token_ids), ignore_eos=request.ignore_eos)
+    def __init__(self, frontend: Frontend, cfg: RouterConfig):
+        self.frontend, self.core, self.cfg = frontend, frontend.core, cfg
 
     def Generate(self, request, context):
         if self.core.max_len == 0:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the router is waiting for its workers; retry shortly")
-        prompt, params = self._prompt(request), self._params(request)
-        rid = request.request_id or uuid.uuid4().hex
-        req = self.core.submit(rid, prompt, params, request.mode)
-        context.add_callback(lambda: self.core.abort(req))
-        detok = self.tok.detokenizer(skip_special_tokens=True)
-        while True:
-            kind, payload = req.events.get()
-            if kind == "tokens":
-                text = "".join(detok.push(t) for t in payload)
-                yield pb.GenerateResponse(request_id=rid, token_ids=payload, text=text)
-            elif kind == "done":
-                yield self._final(req, rid, detok.flush(), payload)
-                return
-            else:
-                context.abort(grpc.StatusCode.UNAVAILABLE, payload)
+        remaining = context.time_remaining()
+        timeout = None if remaining is None or remaining > 1e9 else max(0.0, remaining - DEADLINE_MARGIN_S)
+        g = self.frontend.build(**request_fields(request), timeout_s=timeout)
 
-    def _final(self, req, rid, text, reason):
-        st, now = req.stats, time.monotonic()
-        stats = pb.SpeculationStats(rounds=st.rounds, tokens_per_round=st.tokens_per_round,
-                                    acceptance_per_position=st.acceptance_per_position,
-                                    cache_hits=st.cache.get("hit", 0),
-                                    cache_misses=sum(v for k, v in st.cache.items() if k != "hit"),
-                                    mode=req.mode)
-        ttft = (req.first_token_at or now) - req.arrival
-        return pb.GenerateResponse(request_id=rid, text=text, finish_reason=FINISH[reason],
-                                   usage=pb.Usage(prompt_tokens=len(req.prompt), completion_tokens=len(req.output)),
-                                   stats=stats, time_to_first_token_s=ttft, total_time_s=now - req.arrival)
+        def on_start(req):
+            context.add_callback(lambda: self.core.abort(req))
+
+        for item in self.frontend.stream(g, on_start):
+            if isinstance(item, Delta):
+                yield pb.GenerateResponse(request_id=g.request_id, token_ids=item.token_ids, text=item.text)
+                continue
+            if item.error is not None:
+                context.abort(grpc.StatusCode.UNAVAILABLE, item.error)
+            yield pb.GenerateResponse(
+                request_id=g.request_id, text=item.text, finish_reason=FINISH[item.reason],
+                usage=pb.Usage(prompt_tokens=item.prompt_tokens, completion_tokens=item.completion_tokens),
+                stats=stats_pb(item.stats, item.mode), time_to_first_token_s=item.ttft_s, total_time_s=item.total_s)
+
+    def Abort(self, request, context):
+        return pb.AbortResponse(found=self.core.abort_id(request.request_id))
 
     def GetModelInfo(self, request, context):
         t = self.core.target.ready
+        if t is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the router is waiting for its workers; retry shortly")
         d = self.core.drafts[0].ready if self.core.drafts and self.core.drafts[0].ready else None
         return pb.ModelInfo(model_id=t.model_id, draft_model_id=d.model_id if d else "",
                             tokenizer_hash=t.tokenizer_hash, vocab_size=t.vocab_size, max_len=self.core.max_len,
@@ -123,9 +113,15 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     def GetServerInfo(self, request, context):
         core = self.core
+        st, t = core.stats, core.times
+        totals = pb.RouterTotals(rounds=st.rounds, round_tokens=st.tokens, accepted=st.accepted, offered=st.offered,
+                                 reached=st.reached, cache=dict(st.cache), backups=dict(st.backups),
+                                 verify_batches=t.verify_batches, target_verify_s=t.target_verify_s,
+                                 verify_roundtrip_s=t.verify_roundtrip_s, draft_rounds=t.draft_rounds,
+                                 draft_round_s=t.draft_round_s, jit_batches=t.jit_batches, jit_s=t.jit_s)
         return pb.ServerInfo(active_requests=len(core.active), queued_requests=len(core.waiting),
                              targets=[core.target.address], drafts=[d.address for d in core.drafts if d.alive],
-                             finished_requests=core.finished)
+                             finished_requests=core.finished, totals=totals)
 
 
 def run(cfg: RouterConfig) -> int:
@@ -136,7 +132,10 @@ def run(cfg: RouterConfig) -> int:
     tok = Tokenizer.from_folder(folder)
     core = RouterCore(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
                                  cfg.ready_timeout), cfg.target, list(cfg.drafts), tok.fingerprint, tok.eos_token_ids)
-    servicer = GenerationServicer(core, tok, cfg, folder.name)
+    metrics = RouterMetrics()
+    core.metrics = metrics
+    frontend = Frontend(core, tok, Limits(cfg.max_tokens_default, cfg.max_tokens_limit))
+    servicer = GenerationServicer(frontend, cfg)
     server = ControlServer(cfg.grpc_address, None, None,
                            extra=[(pb_grpc.add_GenerationServicer_to_server, servicer, "ssd.v1.Generation")],
                            max_workers=2 * cfg.max_batch + 8)
@@ -152,11 +151,20 @@ def run(cfg: RouterConfig) -> int:
         return 2
     loop = threading.Thread(target=core.run, name="router-loop", daemon=True)
     loop.start()
+    http = None
+    if cfg.http_address:
+        from services.router.http import HttpServer
+
+        host, _, http_port = cfg.http_address.rpartition(":")
+        http = HttpServer(frontend, folder.name, metrics.render, host=host, port=int(http_port))
+        log.info("serving the OpenAI-compatible HTTP API on port %d", http.start())
     server.set_serving(True)
     log.info("serving ssd.v1.Generation on port %d (mode %s)", port, cfg.mode)
     while not stop.is_set() and loop.is_alive():
         stop.wait(0.2)
     server.set_serving(False)
+    if http is not None:
+        http.stop()
     core.stop()
     loop.join(timeout=5)
     server.stop(1)

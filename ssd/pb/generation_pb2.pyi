@@ -15,12 +15,38 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_EOS: _ClassVar[FinishReason]
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
+    FINISH_REASON_STOP_STRING: _ClassVar[FinishReason]
+    FINISH_REASON_TIME_LIMIT: _ClassVar[FinishReason]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_EOS: FinishReason
 FINISH_REASON_ABORT: FinishReason
 FINISH_REASON_ERROR: FinishReason
+FINISH_REASON_STOP_STRING: FinishReason
+FINISH_REASON_TIME_LIMIT: FinishReason
+
+class AbortRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class AbortResponse(_message.Message):
+    __slots__ = ("found",)
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    def __init__(self, found: _Optional[bool] = ...) -> None: ...
+
+class SpeculationOverrides(_message.Message):
+    __slots__ = ("mode", "k", "off")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    OFF_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    k: int
+    off: bool
+    def __init__(self, mode: _Optional[str] = ..., k: _Optional[int] = ..., off: _Optional[bool] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
@@ -57,7 +83,7 @@ class Sampling(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("text", "token_ids", "chat", "sampling", "max_tokens", "ignore_eos", "stop_token_ids", "request_id", "mode")
+    __slots__ = ("text", "token_ids", "chat", "sampling", "max_tokens", "ignore_eos", "stop_token_ids", "request_id", "speculation", "stop")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
@@ -66,7 +92,8 @@ class GenerateRequest(_message.Message):
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    MODE_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: TokenIds
     chat: ChatMessages
@@ -75,8 +102,9 @@ class GenerateRequest(_message.Message):
     ignore_eos: bool
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     request_id: str
-    mode: str
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., max_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
+    speculation: SpeculationOverrides
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., max_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationOverrides, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens")
@@ -153,15 +181,63 @@ class ServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("active_requests", "queued_requests", "targets", "drafts", "finished_requests")
+    __slots__ = ("active_requests", "queued_requests", "targets", "drafts", "finished_requests", "totals")
     ACTIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     DRAFTS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    TOTALS_FIELD_NUMBER: _ClassVar[int]
     active_requests: int
     queued_requests: int
     targets: _containers.RepeatedScalarFieldContainer[str]
     drafts: _containers.RepeatedScalarFieldContainer[str]
     finished_requests: int
-    def __init__(self, active_requests: _Optional[int] = ..., queued_requests: _Optional[int] = ..., targets: _Optional[_Iterable[str]] = ..., drafts: _Optional[_Iterable[str]] = ..., finished_requests: _Optional[int] = ...) -> None: ...
+    totals: RouterTotals
+    def __init__(self, active_requests: _Optional[int] = ..., queued_requests: _Optional[int] = ..., targets: _Optional[_Iterable[str]] = ..., drafts: _Optional[_Iterable[str]] = ..., finished_requests: _Optional[int] = ..., totals: _Optional[_Union[RouterTotals, _Mapping]] = ...) -> None: ...
+
+class RouterTotals(_message.Message):
+    __slots__ = ("rounds", "round_tokens", "accepted", "offered", "reached", "cache", "backups", "verify_batches", "target_verify_s", "verify_roundtrip_s", "draft_rounds", "draft_round_s", "jit_batches", "jit_s")
+    class CacheEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class BackupsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    OFFERED_FIELD_NUMBER: _ClassVar[int]
+    REACHED_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    BACKUPS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    TARGET_VERIFY_S_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_ROUNDTRIP_S_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_ROUND_S_FIELD_NUMBER: _ClassVar[int]
+    JIT_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    JIT_S_FIELD_NUMBER: _ClassVar[int]
+    rounds: int
+    round_tokens: int
+    accepted: _containers.RepeatedScalarFieldContainer[int]
+    offered: _containers.RepeatedScalarFieldContainer[int]
+    reached: int
+    cache: _containers.ScalarMap[str, int]
+    backups: _containers.ScalarMap[str, int]
+    verify_batches: int
+    target_verify_s: float
+    verify_roundtrip_s: float
+    draft_rounds: int
+    draft_round_s: float
+    jit_batches: int
+    jit_s: float
+    def __init__(self, rounds: _Optional[int] = ..., round_tokens: _Optional[int] = ..., accepted: _Optional[_Iterable[int]] = ..., offered: _Optional[_Iterable[int]] = ..., reached: _Optional[int] = ..., cache: _Optional[_Mapping[str, int]] = ..., backups: _Optional[_Mapping[str, int]] = ..., verify_batches: _Optional[int] = ..., target_verify_s: _Optional[float] = ..., verify_roundtrip_s: _Optional[float] = ..., draft_rounds: _Optional[int] = ..., draft_round_s: _Optional[float] = ..., jit_batches: _Optional[int] = ..., jit_s: _Optional[float] = ...) -> None: ...

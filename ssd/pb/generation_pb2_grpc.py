@@ -50,6 +50,11 @@ class GenerationStub:
                 request_serializer=ssd_dot_v1_dot_generation__pb2.ServerInfoRequest.SerializeToString,
                 response_deserializer=ssd_dot_v1_dot_generation__pb2.ServerInfo.FromString,
                 _registered_method=True)
+        self.Abort = channel.unary_unary(
+                '/ssd.v1.Generation/Abort',
+                request_serializer=ssd_dot_v1_dot_generation__pb2.AbortRequest.SerializeToString,
+                response_deserializer=ssd_dot_v1_dot_generation__pb2.AbortResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -79,6 +84,14 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Abort(self, request, context):
+        """Aborts a running request by its request_id (its stream ends with FINISH_REASON_ABORT and its KV is
+        freed on every worker). Unknown or finished ids are not an error: found=false.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +109,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=ssd_dot_v1_dot_generation__pb2.ServerInfoRequest.FromString,
                     response_serializer=ssd_dot_v1_dot_generation__pb2.ServerInfo.SerializeToString,
+            ),
+            'Abort': grpc.unary_unary_rpc_method_handler(
+                    servicer.Abort,
+                    request_deserializer=ssd_dot_v1_dot_generation__pb2.AbortRequest.FromString,
+                    response_serializer=ssd_dot_v1_dot_generation__pb2.AbortResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,6 +198,33 @@ class Generation:
             '/ssd.v1.Generation/GetServerInfo',
             ssd_dot_v1_dot_generation__pb2.ServerInfoRequest.SerializeToString,
             ssd_dot_v1_dot_generation__pb2.ServerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Abort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ssd.v1.Generation/Abort',
+            ssd_dot_v1_dot_generation__pb2.AbortRequest.SerializeToString,
+            ssd_dot_v1_dot_generation__pb2.AbortResponse.FromString,
             options,
             channel_credentials,
             insecure,

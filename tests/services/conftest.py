@@ -24,7 +24,7 @@ def ar_reference(default_models, chat_prompts):
     return [s.output for s in engine.generate(chat_prompts, params)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def stack(default_models, tmp_path_factory):
     """A real stack: router, target and one draft as separate processes on loopback."""
     logs = tmp_path_factory.mktemp("logs")

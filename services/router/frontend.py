@@ -1,0 +1,215 @@
+"""What every client API of the router shares (gRPC and OpenAI HTTP): validation, limits, text, stop strings.
+
+`Frontend.build` turns API fields into a validated `GenerationRequest` or raises ValueError("field: what is
+wrong"). `stream` / `astream` run it through the engine loop and yield `Delta`s (token ids and the text they
+add) and one final `Final`. Stop strings are matched on the detokenized text, across token boundaries: text
+that could still be the start of a stop string is held back, so no part of a stop string is ever emitted; on a
+match the request is aborted in the engine (its KV freed everywhere) and ends with STOP_STRING.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from ssd.params import FinishReason, SamplingParams
+from ssd.tokenizer import Tokenizer
+from services.router.core import RouterCore
+
+
+ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+
+
+@dataclass(slots=True)
+class Limits:
+    max_tokens_default: int = 256
+    max_tokens_limit: int = 2048
+    max_stop_strings: int = 16
+    max_stop_chars: int = 256
+    max_messages: int = 256
+    max_prompt_chars: int = 1_000_000
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    stop: tuple[str, ...] = ()
+    mode: str = ""
+    k: int = 0
+    deadline: float | None = None
+
+
+@dataclass(slots=True)
+class Delta:
+    token_ids: list[int]
+    text: str
+
+
+@dataclass(slots=True)
+class Final:
+    reason: FinishReason
+    text: str                      # text not yet emitted (the held-back tail)
+    prompt_tokens: int
+    completion_tokens: int
+    stats: object
+    ttft_s: float
+    total_s: float
+    mode: str
+    error: str | None = None
+
+
+class _Output:
+    """Detokenization and stop-string holdback for one request."""
+
+    def __init__(self, tok: Tokenizer, stop: tuple[str, ...]):
+        self.detok = tok.detokenizer(skip_special_tokens=True)
+        self.stop = stop
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.pending = ""
+        self.emitted_tokens = 0
+        self.stopped = False
+
+    def push(self, ids: list[int]) -> Delta | None:
+        self.pending += "".join(self.detok.push(t) for t in ids)
+        self.emitted_tokens += len(ids)
+        cut = min((i for i in (self.pending.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped, text, self.pending = True, self.pending[:cut], ""
+            return Delta(ids, text)
+        safe = len(self.pending) - self.hold if self.stop else len(self.pending)
+        text, self.pending = self.pending[:max(0, safe)], self.pending[max(0, safe):]
+        return Delta(ids, text) if ids or text else None
+
+    def tail(self) -> str:
+        if self.stopped:
+            return ""
+        rest = self.pending + self.detok.flush()
+        cut = min((i for i in (rest.find(s) for s in self.stop) if i >= 0), default=-1)
+        return rest if cut < 0 else rest[:cut]
+
+
+class Frontend:
+    def __init__(self, core: RouterCore, tok: Tokenizer, limits: Limits | None = None):
+        self.core, self.tok, self.limits = core, tok, limits or Limits()
+
+    def build(self, *, text: str | None = None, token_ids: list[int] | None = None,
+              messages: list[dict] | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+              min_p: float = 0.0, seed: int | None = None, max_tokens: int | None = None, stop=(),
+              stop_token_ids=(), ignore_eos: bool = False, mode: str = "", k: int = 0, request_id: str = "",
+              timeout_s: float | None = None) -> GenerationRequest:
+        lim = self.limits
+        given = [x is not None for x in (text, token_ids, messages)]
+        if sum(given) != 1:
+            raise ValueError("prompt: give exactly one of text, token_ids or messages")
+        if text is not None:
+            if len(text) > lim.max_prompt_chars:
+                raise ValueError(f"prompt: {len(text)} characters; the limit is {lim.max_prompt_chars}")
+            ids = self.tok.encode(text)
+        elif token_ids is not None:
+            ids = list(token_ids)
+        else:
+            if not isinstance(messages, list) or not messages:
+                raise ValueError("messages: must be a non-empty list of {role, content} objects")
+            if len(messages) > lim.max_messages:
+                raise ValueError(f"messages: {len(messages)} messages; the limit is {lim.max_messages}")
+            for i, m in enumerate(messages):
+                role = m.get("role") if isinstance(m, dict) else None
+                if not isinstance(role, str) or role not in ROLES or not isinstance(m.get("content"), str):
+                    raise ValueError(f"messages[{i}]: needs a role in {sorted(ROLES)} and a string content")
+            try:
+                ids = self.tok.encode(self.tok.apply_chat_template(messages))
+            except ValueError as e:
+                raise ValueError(f"messages: {e}") from None
+        if not ids:
+            raise ValueError("prompt: must not be empty")
+        vocab = self.core.target.ready.vocab_size
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
+        if len(ids) >= self.core.max_len:
+            raise ValueError(f"prompt: {len(ids)} tokens; the maximum length is {self.core.max_len}")
+        max_tokens = lim.max_tokens_default if max_tokens is None else max_tokens
+        if not isinstance(max_tokens, int) or not 1 <= max_tokens <= lim.max_tokens_limit:
+            raise ValueError(f"max_tokens: must be an integer in 1..{lim.max_tokens_limit}, got {max_tokens!r}")
+        stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        if len(stop) > lim.max_stop_strings or any(not isinstance(s, str) or not s or len(s) > lim.max_stop_chars
+                                                    for s in stop):
+            raise ValueError(f"stop: at most {lim.max_stop_strings} non-empty strings of at most "
+                             f"{lim.max_stop_chars} characters")
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in stop_token_ids):
+            raise ValueError(f"stop_token_ids: must be integers in [0, {vocab})")
+        try:
+            params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                                    max_tokens=max_tokens, stop_token_ids=tuple(stop_token_ids),
+                                    ignore_eos=ignore_eos)
+        except ValueError as e:
+            raise ValueError(re.sub(r"^SamplingParams\.(\w+) ", r"\1: ", str(e))) from None
+        deadline = time.monotonic() + timeout_s if timeout_s is not None else None
+        return GenerationRequest(request_id or uuid.uuid4().hex, ids, params, stop, mode, k, deadline)
+
+    def _submit(self, g: GenerationRequest, events=None):
+        return self.core.submit(g.request_id, g.prompt, g.params, g.mode, g.k, g.deadline, events)
+
+    def _final(self, req, out: _Output, reason: FinishReason, error: str | None = None) -> Final:
+        now = time.monotonic()
+        return Final(reason, out.tail(), len(req.prompt), out.emitted_tokens, req.stats,
+                     (req.first_token_at or now) - req.arrival, now - req.arrival, req.mode, error)
+
+    def _handle(self, req, out: _Output, event) -> Delta | Final | None:
+        kind, payload = event
+        if kind == "tokens":
+            delta = out.push(payload)
+            if out.stopped:
+                self.core.abort(req, FinishReason.STOP_STRING)
+            return delta
+        if kind == "done":
+            return self._final(req, out, payload)
+        return self._final(req, out, FinishReason.ERROR, payload)
+
+    def stream(self, g: GenerationRequest, on_start=None):
+        """Yields Delta... then one Final (blocking; for gRPC handler threads)."""
+        req = self._submit(g)
+        if on_start is not None:
+            on_start(req)
+        out = _Output(self.tok, g.stop)
+        while True:
+            item = self._handle(req, out, req.events.get())
+            if item is not None:
+                yield item
+            if out.stopped:
+                yield self._final(req, out, FinishReason.STOP_STRING)
+                return
+            if isinstance(item, Final):
+                return
+
+    async def astream(self, g: GenerationRequest):
+        """The asyncio version of `stream` (for the HTTP server); aborts the request if the consumer leaves."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        req = self._submit(g, _AsyncSink(loop, q))
+        out = _Output(self.tok, g.stop)
+        try:
+            while True:
+                item = self._handle(req, out, await q.get())
+                if item is not None:
+                    yield item
+                if out.stopped:
+                    yield self._final(req, out, FinishReason.STOP_STRING)
+                    return
+                if isinstance(item, Final):
+                    return
+        finally:
+            if req.finish is None:
+                self.core.abort(req)
+
+
+@dataclass(slots=True)
+class _AsyncSink:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue = field(repr=False)
+
+    def put(self, event) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)

@@ -1,0 +1,115 @@
+"""`ssd bench`: AR, SD and SSD through real processes (router, target, draft), at several batch sizes.
+
+One stack serves all three modes (the mode is per request), so every figure comes from the same processes in
+one run. Target and draft are pinned to different cores with one torch thread each. For each batch size b,
+b client streams run the prompts (each prompt once per mode, modes interleaved per batch size so machine noise
+hits them alike); throughput = generated tokens / wall time. The router's cumulative totals (GetServerInfo),
+diffed around each run, give acceptance, tokens per round, cache hit and late rates, and the round-time split.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ssd.client import Client
+from ssd.launcher import Stack, StackConfig
+from ssd.prompts import PROMPTS_BY_KIND
+from ssd.spec.theory import predicted_speedup
+
+MODES = ("ar", "sd", "ssd")
+
+
+def _totals(client: Client) -> dict:
+    t = client.server_info().totals
+    return {"rounds": t.rounds, "round_tokens": t.round_tokens, "accepted": list(t.accepted),
+            "offered": list(t.offered), "reached": t.reached, "cache": dict(t.cache), "backups": dict(t.backups),
+            "verify_batches": t.verify_batches, "target_verify_s": t.target_verify_s,
+            "verify_roundtrip_s": t.verify_roundtrip_s, "draft_rounds": t.draft_rounds,
+            "draft_round_s": t.draft_round_s, "jit_batches": t.jit_batches, "jit_s": t.jit_s}
+
+
+def _diff(after: dict, before: dict) -> dict:
+    out = {}
+    for k, v in after.items():
+        b = before[k]
+        if isinstance(v, dict):
+            out[k] = {key: v.get(key, 0) - b.get(key, 0) for key in v}
+        elif isinstance(v, list):
+            out[k] = [x - (b[i] if i < len(b) else 0) for i, x in enumerate(v)]
+        else:
+            out[k] = v - b
+    return out
+
+
+def run_mode(client: Client, prompts: list[str], mode: str, batch: int, new_tokens: int) -> dict:
+    before = _totals(client)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(batch) as pool:
+        results = list(pool.map(lambda p: client.generate(p, chat=True, max_tokens=new_tokens, ignore_eos=True,
+                                                          mode=mode), prompts))
+    wall = time.perf_counter() - t0
+    d = _diff(_totals(client), before)
+    tokens = sum(r.completion_tokens for r in results)
+    looked = sum(v for k, v in d["cache"].items() if k != "forced")
+    row = {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall,
+           "tokens_per_round": d["round_tokens"] / d["rounds"] if d["rounds"] else 0.0,
+           "acceptance": sum(d["accepted"]) / d["reached"] if d["reached"] else 0.0,
+           "acceptance_per_position": [a / o if o else 0.0 for a, o in zip(d["accepted"], d["offered"])],
+           "hit_rate": d["cache"].get("hit", 0) / looked if looked else 0.0,
+           "late_rate": d["cache"].get("late", 0) / looked if looked else 0.0,
+           "backups": d["backups"], "cache": d["cache"]}
+    nb = max(1, d["verify_batches"])
+    row["verify_s_per_batch"] = d["target_verify_s"] / nb
+    row["router_hop_s_per_batch"] = (d["verify_roundtrip_s"] - d["target_verify_s"]) / nb
+    row["draft_round_s"] = d["draft_round_s"] / d["draft_rounds"] if d["draft_rounds"] else 0.0
+    row["jit_s_per_batch"] = d["jit_s"] / d["jit_batches"] if d["jit_batches"] else 0.0
+    row["overhead_fraction"] = row["router_hop_s_per_batch"] / row["verify_s_per_batch"] if d["verify_batches"] else 0.0
+    # Upper bound: every round hits and drafting is hidden -> tokens per round per verify, at this batch size
+    tokens_per_batch = d["round_tokens"] / nb
+    row["bound_tok_s"] = tokens_per_batch / row["verify_s_per_batch"] if row["verify_s_per_batch"] else 0.0
+    return row
+
+
+def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: int = 3, models_dir=None,
+          draft_model=None, out: Path | None = None, log=print) -> dict:
+    prompts = [p for _, p in PROMPTS_BY_KIND[:n_prompts]]
+    cfg = StackConfig(mode="ssd", drafts=1, models_dir=models_dir, draft_model=draft_model, k=k,
+                      max_batch=max(batches), target_cpus="0", draft_cpus="1", threads=1,
+                      log_dir=Path("bench/results/logs"))
+    rows: dict = {}
+    with Stack(cfg) as stack, Client(stack.grpc_address, timeout=3600) as client:
+        client.generate(prompts[0], chat=True, max_tokens=4, mode="ssd")  # warm-up
+        for b in batches:
+            per = {m: run_mode(client, prompts, m, b, new_tokens) for m in MODES}
+            ar, sd, ssd = (per[m]["tok_s"] for m in MODES)
+            s = per["ssd"]
+            rows[str(b)] = {"ar_tok_s": ar, "sd_tok_s": sd, "ssd_tok_s": ssd, "ssd_over_sd": ssd / sd,
+                            "ssd_over_ar": ssd / ar, "sd_over_ar": sd / ar, "hit_rate": s["hit_rate"],
+                            "late_rate": s["late_rate"], "acceptance": s["acceptance"],
+                            "tokens_per_round": s["tokens_per_round"],
+                            "bound_fraction": ssd / s["bound_tok_s"] if s["bound_tok_s"] else 0.0,
+                            "overhead_fraction": s["overhead_fraction"], "modes": per}
+            log(f"batch {b}: AR {ar:.1f}  SD {sd:.1f}  SSD {ssd:.1f} tok/s  (SSD/SD {ssd / sd:.2f}, "
+                f"SSD/AR {ssd / ar:.2f}; hit {s['hit_rate']:.2f}, late {s['late_rate']:.2f}, a {s['acceptance']:.2f}, "
+                f"overhead {s['overhead_fraction']:.3f})")
+    result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "new_tokens": new_tokens,
+              "prompts": n_prompts, "k": k, "draft": str(draft_model or "default"),
+              "pinning": "target cpu 0, draft cpu 1, 1 torch thread each; router unpinned", "batch": rows}
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def markdown(result: dict) -> str:
+    lines = ["| batch | AR tok/s | SD tok/s | SSD tok/s | SSD/SD | SSD/AR | a | tokens/round | hit | late | "
+             "bound frac | overhead |", "|" + "---|" * 12]
+    for b, r in result["batch"].items():
+        lines.append(f"| {b} | {r['ar_tok_s']:.1f} | {r['sd_tok_s']:.1f} | {r['ssd_tok_s']:.1f} | "
+                     f"{r['ssd_over_sd']:.2f} | {r['ssd_over_ar']:.2f} | {r['acceptance']:.2f} | "
+                     f"{r['tokens_per_round']:.2f} | {r['hit_rate']:.2f} | {r['late_rate']:.2f} | "
+                     f"{r['bound_fraction']:.2f} | {r['overhead_fraction']:.3f} |")
+    return "\n".join(lines)

@@ -1,0 +1,294 @@
+"""The OpenAI-compatible HTTP API, in process: a real Frontend and tokenizer over a fake engine core.
+
+The fake core streams a fixed text's tokens in chunks of three from a thread, as `RouterCore` does, so these
+tests need no workers. Clients: the official `openai` package, and plain HTTP for the wire details.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import openai
+import pytest
+
+from ssd.engine.stats import SpecStats
+from ssd.params import FinishReason, SamplingParams
+from ssd.tokenizer import Tokenizer
+from services.router.frontend import Frontend
+from services.router.http import HttpServer
+
+MODEL = "smollm2-135m-instruct"
+TEXT = "The quick brown fox jumps over the lazy dog. "
+
+
+@dataclass(eq=False)
+class FakeRequest:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    events: object
+    mode: str
+    arrival: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+    finish: FinishReason | None = None
+
+
+class FakeCore:
+    """What Frontend needs of RouterCore: target.ready, max_len, submit, abort."""
+
+    def __init__(self, tok: Tokenizer, ready: bool = True):
+        self.target = SimpleNamespace(ready=SimpleNamespace(model_id=MODEL, vocab_size=tok.vocab_size)
+                                      if ready else None)
+        self.max_len = 8192 if ready else 0
+        self.tokens = tok.encode(TEXT * 400)
+        self.delay = 0.0          # seconds between chunks
+        self.fail: str | None = None
+        self.aborted: dict[str, FinishReason] = {}
+
+    def submit(self, rid, prompt, params, mode="", k=0, deadline=None, events=None):
+        if mode not in ("", "ar", "sd", "ssd"):
+            raise ValueError(f"speculation.mode: must be ar, sd or ssd, got {mode!r}")
+        req = FakeRequest(rid, list(prompt), params, events, mode or "ssd")
+        threading.Thread(target=self._feed, args=(req, self.fail), daemon=True).start()
+        return req
+
+    def _feed(self, req: FakeRequest, fail: str | None) -> None:
+        if fail is not None:
+            req.finish = FinishReason.ERROR
+            req.events.put(("error", fail))
+            return
+        ids = self.tokens[:req.params.max_tokens]
+        for i in range(0, len(ids), 3):
+            time.sleep(self.delay)
+            if req.finish is not None:
+                return
+            req.first_token_at = req.first_token_at or time.monotonic()
+            req.stats.record_round(3, 2, len(ids[i:i + 3]))
+            req.stats.count("cache", "hit")
+            req.events.put(("tokens", ids[i:i + 3]))
+        req.finish = FinishReason.LENGTH
+        req.events.put(("done", FinishReason.LENGTH))
+
+    def abort(self, req: FakeRequest, reason: FinishReason = FinishReason.ABORT) -> None:
+        self.aborted[req.rid] = reason
+        if req.finish is None:
+            req.finish = reason
+            req.events.put(("done", reason))
+
+
+@pytest.fixture(scope="module")
+def tok(default_models):
+    return Tokenizer.from_folder(default_models["target"])
+
+
+def _serve(tok, ready=True, metrics=True):
+    core = FakeCore(tok, ready)
+    render = (lambda: (b"ssd_up 1\n", "text/plain; version=0.0.4; charset=utf-8")) if metrics else None
+    server = HttpServer(Frontend(core, tok), MODEL, render, port=0)
+    return server, server.start(), core
+
+
+@pytest.fixture(scope="module")
+def served(tok):
+    server, port, core = _serve(tok)
+    yield SimpleNamespace(port=port, core=core)
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reset(request):
+    yield
+    if "served" in request.fixturenames:
+        core = request.getfixturevalue("served").core
+        core.delay, core.fail = 0.0, None
+
+
+@pytest.fixture
+def client(served):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{served.port}/v1", api_key="x", max_retries=0, timeout=30)
+
+
+def _request(port, method, path, body=None, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    raw = resp.read()
+    conn.close()
+    return resp.status, resp.getheader("Content-Type"), raw
+
+
+def _post_json(port, path, body):
+    status, _, raw = _request(port, "POST", path, body)
+    return status, json.loads(raw)
+
+
+def _assert_error(body, param=None):
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"] and body["error"]["code"] is None
+    assert body["error"]["param"] == param
+
+
+def test_completion_streamed_text_equals_whole_text(client, tok):
+    whole = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20, temperature=0)
+    choice = whole.choices[0]
+    assert whole.object == "text_completion" and whole.id.startswith("cmpl-")
+    assert choice.text == tok.decode(tok.encode(TEXT * 3)[:20]) and choice.finish_reason == "length"
+    assert whole.usage.prompt_tokens == len(tok.encode("Once upon a time"))
+    assert whole.usage.completion_tokens == 20 and whole.usage.total_tokens == whole.usage.prompt_tokens + 20
+    ssd = whole.model_extra["ssd"]
+    assert ssd["finish_reason"] == "length" and ssd["rounds"] == 7 and ssd["cache_hits"] == 7
+    assert ssd["acceptance_per_position"] == [1.0, 1.0, 0.0] and ssd["mode"] == "ssd"
+
+    chunks = list(client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+
+
+def test_completion_defaults_to_16_tokens_and_accepts_token_ids(client):
+    out = client.completions.create(model=MODEL, prompt=[504, 2365, 6354])
+    assert out.usage.completion_tokens == 16 and out.usage.prompt_tokens == 3
+
+
+def test_chat_streamed_content_equals_whole_content(client):
+    messages = [{"role": "user", "content": "Tell me about foxes."}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12)
+    assert whole.object == "chat.completion" and whole.id.startswith("chatcmpl-")
+    assert whole.choices[0].message.role == "assistant" and whole.choices[0].message.content.startswith("The quick")
+    assert whole.usage.completion_tokens == 12
+
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, stream=True))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].usage is None
+
+
+def test_stop_string_ends_the_text_before_it_and_aborts_the_engine(client, served):
+    out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=40, stop=["fox"])
+    assert out.choices[0].text == "The quick brown " and out.choices[0].finish_reason == "stop"
+    assert out.model_extra["ssd"]["finish_reason"] == "stop_string"
+    assert served.core.aborted[out.id] is FinishReason.STOP_STRING
+
+
+def test_models_lists_the_one_model(client):
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL] and models[0].owned_by == "ssd"
+
+
+def test_stream_is_server_sent_events_ending_with_done(served):
+    status, ctype, raw = _request(served.port, "POST", "/v1/completions",
+                                  {"model": MODEL, "prompt": "Hi", "max_tokens": 7, "stream": True})
+    assert status == 200 and ctype.startswith("text/event-stream")
+    events = raw.decode().split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    assert all(e.startswith("data: {") for e in events[:-2])
+    assert json.loads(events[-3][len("data: "):])["choices"][0]["finish_reason"] == "length"
+
+
+def test_invalid_json_is_400_in_openai_shape(served):
+    status, body = _post_json(served.port, "/v1/completions", b'{"model": ')
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    _assert_error(body)
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"temperature": "hot"}, "temperature"), ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
+    ({"max_tokens": 0}, "max_tokens"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": ""}, "prompt"),
+    ({"n": 2}, "n"), ({"stop": [1]}, "stop"), ({"stream": "yes"}, "stream"), ({"logprobs": 3}, "logprobs"),
+    ({"speculation": {"mode": "fast"}}, "speculation.mode"), ({"speculation": {"k": "x"}}, "speculation.k"),
+])
+def test_a_bad_field_is_400_naming_it(served, fields, param):
+    status, body = _post_json(served.port, "/v1/completions", {"model": MODEL, "prompt": "Hi", **fields})
+    assert status == 400, body
+    _assert_error(body, param)
+
+
+def test_batched_prompts_are_refused_by_name(served):
+    status, body = _post_json(served.port, "/v1/completions", {"model": MODEL, "prompt": ["a", "b"]})
+    assert status == 400 and body["error"]["message"] == "prompt: batched prompts are not supported"
+
+
+def test_bad_chat_messages_are_400(served):
+    for messages, param in (([{"role": "robot", "content": "x"}], "messages[0]"), ([], "messages"),
+                            ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content"),
+                            (None, "messages")):
+        status, body = _post_json(served.port, "/v1/chat/completions", {"model": MODEL, "messages": messages})
+        assert status == 400, body
+        _assert_error(body, param)
+
+
+def test_openai_client_sees_bad_request(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="Hi", temperature=-2)
+    assert e.value.param == "temperature"
+
+
+def test_unknown_model_path_method_and_big_body(served):
+    status, body = _post_json(served.port, "/v1/completions", {"model": "gpt-4", "prompt": "Hi"})
+    assert status == 404
+    _assert_error(body, "model")
+    status, _, raw = _request(served.port, "GET", "/v2/nothing")
+    assert status == 404
+    _assert_error(json.loads(raw))
+    status, _, raw = _request(served.port, "GET", "/v1/completions")
+    assert status == 405
+    _assert_error(json.loads(raw))
+    status, _, raw = _request(served.port, "POST", "/v1/completions", b'{"prompt": "' + b"a" * (1 << 20) + b'"}')
+    assert status == 413
+    _assert_error(json.loads(raw))
+
+
+def test_engine_error_is_503(served):
+    served.core.fail = "the target died"
+    status, body = _post_json(served.port, "/v1/completions", {"model": MODEL, "prompt": "Hi"})
+    assert status == 503 and body["error"]["message"] == "the target died"
+
+
+def test_health_and_metrics(served, tok):
+    status, _, raw = _request(served.port, "GET", "/health")
+    assert status == 200 and json.loads(raw) == {"status": "ok"}
+    status, ctype, raw = _request(served.port, "GET", "/metrics")
+    assert status == 200 and raw == b"ssd_up 1\n" and ctype.startswith("text/plain; version=0.0.4")
+    server, port, _ = _serve(tok, metrics=False)
+    try:
+        assert _request(port, "GET", "/metrics")[0] == 404
+    finally:
+        server.stop()
+
+
+def test_not_ready_is_503(tok):
+    server, port, _ = _serve(tok, ready=False)
+    try:
+        assert _request(port, "GET", "/health")[0] == 503
+        for path, body in (("/v1/completions", {"prompt": "Hi"}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})):
+            status, out = _post_json(port, path, body)
+            assert status == 503
+            _assert_error(out)
+    finally:
+        server.stop()
+
+
+def test_client_leaving_mid_stream_aborts_the_request(served):
+    served.core.delay = 0.02
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2000, "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        seen = b""
+        while b"data: {" not in seen:
+            seen += s.recv(4096)
+    rid = json.loads(seen.split(b"data: ", 1)[1].split(b"\n\n", 1)[0])["id"]
+    deadline = time.monotonic() + 5
+    while rid not in served.core.aborted and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert served.core.aborted.get(rid) is FinishReason.ABORT
