@@ -22,7 +22,7 @@ models: setup
 	$(BIN)/ssd models prepare
 
 run: models
-	$(BIN)/ssd up --demo "$(PROMPT)"
+	$(BIN)/ssd up --pin --demo "$(PROMPT)"
 
 test: models
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)

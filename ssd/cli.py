@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--k", type=int, default=3)
     up.add_argument("--backup", choices=["jit", "ngram", "none", "auto"], default="jit")
     up.add_argument("--port", type=int, default=50051, help="the router's gRPC port")
+    up.add_argument("--http-port", type=int, default=8000, help="the router's OpenAI-compatible HTTP port")
     up.add_argument("--models-dir", type=Path, default=None)
     up.add_argument("--pin", action="store_true", help="pin the target to CPU 0 and drafts to CPU 1, one thread each")
     up.add_argument("--demo", default=None, metavar="PROMPT", help="run one generation, print its stats, stop")
@@ -131,15 +132,16 @@ def cmd_up(args) -> int:
     from ssd.models.prepare import prepare_default_models
 
     prepare_default_models(args.models_dir, log=lambda *a: None)
-    cfg = StackConfig(mode=args.mode, drafts=args.drafts, models_dir=args.models_dir, grpc_port=args.port, k=args.k,
+    cfg = StackConfig(mode=args.mode, drafts=args.drafts, models_dir=args.models_dir, grpc_port=args.port,
+                      http_port=args.http_port, k=args.k,
                       backup=args.backup, target_cpus="0" if args.pin else "", draft_cpus="1" if args.pin else "",
                       threads=1 if args.pin else 0)
     stack = Stack(cfg)
     print(f"starting router, target and {len(stack.draft_data)} draft(s) ({args.mode}) ...", file=sys.stderr)
     try:
         stack.start()
-        print(f"ready: router at {stack.grpc_address} (ssd generate --address {stack.grpc_address} \"PROMPT\")",
-              file=sys.stderr)
+        print(f"ready: gRPC {stack.grpc_address}, OpenAI HTTP http://{stack.http_address}/v1, "
+              f"metrics http://{stack.http_address}/metrics", file=sys.stderr)
         if args.demo:
             with Client(stack.grpc_address) as client:
                 result = print_stream(client.stream(args.demo, chat=True, max_tokens=128))

@@ -38,6 +38,7 @@ class StackConfig:
     target_model: Path | None = None
     draft_model: Path | None = None
     grpc_port: int = 0                 # 0 = a free port
+    http_port: int = 0                 # 0 = a free port
     k: int = 3
     backup: str = "jit"
     max_batch: int = 16
@@ -55,7 +56,7 @@ class Stack:
         self.grpc_address = f"127.0.0.1:{cfg.grpc_port or free_port()}"
         self.target_data = f"tcp://127.0.0.1:{free_port()}"
         self.draft_data = [f"tcp://127.0.0.1:{free_port()}" for _ in range(cfg.drafts if cfg.mode != "ar" else 0)]
-        self.http_address = f"127.0.0.1:{free_port()}"
+        self.http_address = f"127.0.0.1:{cfg.http_port or free_port()}"
         self.target_control = f"127.0.0.1:{free_port()}"
         self.draft_control = [f"127.0.0.1:{free_port()}" for _ in self.draft_data]
         self._logs = []

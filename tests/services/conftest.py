@@ -28,6 +28,7 @@ def ar_reference(default_models, chat_prompts):
 def stack(default_models, tmp_path_factory):
     """A real stack: router, target and one draft as separate processes on loopback."""
     logs = tmp_path_factory.mktemp("logs")
-    with Stack(StackConfig(mode="ssd", drafts=1, log_dir=logs, max_batch=16)) as s:
+    cfg = StackConfig(mode="ssd", drafts=1, log_dir=logs, max_batch=16, target_cpus="0", draft_cpus="1", threads=1)
+    with Stack(cfg) as s:
         s.logs = logs
         yield s

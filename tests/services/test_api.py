@@ -34,7 +34,7 @@ def test_hundred_aborted_streams_leak_nothing(stack, chat_prompts):
     stub = pb_grpc.GenerationStub(channel)
 
     def one(i):
-        req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=chat_prompts[i % len(chat_prompts)]), max_tokens=200,
+        req = pb.GenerateRequest(token_ids=pb.TokenIds(ids=chat_prompts[i % len(chat_prompts)][-8:]), max_tokens=200,
                                  ignore_eos=True, speculation=pb.SpeculationOverrides(mode="ssd"))
         call = stub.Generate(req)
         next(call)  # the first token arrived: the request holds KV on every service
@@ -127,3 +127,28 @@ def test_bad_requests_get_invalid_argument_naming_the_field(stack, kwargs, field
     ok = list(stub.Generate(request(text="Hello", max_tokens=2), timeout=60))  # and the server keeps serving
     assert ok[-1].usage.completion_tokens == 2
     channel.close()
+
+
+def test_openai_package_against_the_real_stack(stack, chat_prompts, ar_reference):
+    import urllib.request
+
+    import openai
+
+    def requests_total():
+        text = urllib.request.urlopen(f"http://{stack.http_address}/metrics", timeout=10).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("ssd_requests_total{"))
+
+    before = requests_total()
+    client = openai.OpenAI(base_url=f"http://{stack.http_address}/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    done = client.completions.create(model=model, prompt=chat_prompts[0], max_tokens=16, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert done.usage.completion_tokens == 16
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hi"}],
+                                          max_tokens=8, temperature=0)
+    chunks = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hi"}],
+                                            max_tokens=8, temperature=0, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == chat.choices[0].message.content
+    assert requests_total() - before == 3  # the metrics counted exactly this workload
