@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start router, target and draft(s) as separate processes")
     up.add_argument("--mode", choices=["ar", "sd", "ssd"], default="ssd")
     up.add_argument("--drafts", type=int, default=1, help="draft replicas")
+    up.add_argument("--targets", type=int, default=1, help="target replicas")
     up.add_argument("--k", type=int, default=3)
     up.add_argument("--backup", choices=["jit", "ngram", "none", "auto"], default="jit")
     up.add_argument("--port", type=int, default=50051, help="the router's gRPC port")
@@ -132,12 +133,13 @@ def cmd_up(args) -> int:
     from ssd.models.prepare import prepare_default_models
 
     prepare_default_models(args.models_dir, log=lambda *a: None)
-    cfg = StackConfig(mode=args.mode, drafts=args.drafts, models_dir=args.models_dir, grpc_port=args.port,
+    cfg = StackConfig(mode=args.mode, drafts=args.drafts, targets=args.targets, models_dir=args.models_dir, grpc_port=args.port,
                       http_port=args.http_port, k=args.k,
                       backup=args.backup, target_cpus="0" if args.pin else "", draft_cpus="1" if args.pin else "",
                       threads=1 if args.pin else 0)
     stack = Stack(cfg)
-    print(f"starting router, target and {len(stack.draft_data)} draft(s) ({args.mode}) ...", file=sys.stderr)
+    print(f"starting router, {len(stack.target_data)} target(s), {len(stack.draft_data)} draft(s) ({args.mode})",
+          file=sys.stderr)
     try:
         stack.start()
         print(f"ready: gRPC {stack.grpc_address}, OpenAI HTTP http://{stack.http_address}/v1, "

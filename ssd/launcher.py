@@ -34,6 +34,7 @@ def _die_with_parent() -> None:
 class StackConfig:
     mode: str = "ssd"
     drafts: int = 1
+    targets: int = 1
     models_dir: Path | None = None
     target_model: Path | None = None
     draft_model: Path | None = None
@@ -54,10 +55,10 @@ class Stack:
         self.cfg = cfg
         self.procs: dict[str, subprocess.Popen] = {}
         self.grpc_address = f"127.0.0.1:{cfg.grpc_port or free_port()}"
-        self.target_data = f"tcp://127.0.0.1:{free_port()}"
+        self.target_data = [f"tcp://127.0.0.1:{free_port()}" for _ in range(cfg.targets)]
         self.draft_data = [f"tcp://127.0.0.1:{free_port()}" for _ in range(cfg.drafts if cfg.mode != "ar" else 0)]
         self.http_address = f"127.0.0.1:{cfg.http_port or free_port()}"
-        self.target_control = f"127.0.0.1:{free_port()}"
+        self.target_control = [f"127.0.0.1:{free_port()}" for _ in self.target_data]
         self.draft_control = [f"127.0.0.1:{free_port()}" for _ in self.draft_data]
         self._logs = []
 
@@ -76,13 +77,13 @@ class Stack:
         args = ["--models-dir", str(c.models_dir)] if c.models_dir else []
         return args + (["--threads", str(c.threads)] if c.threads else [])
 
-    def start_target(self) -> None:
+    def start_target(self, i: int = 0) -> None:
         c = self.cfg
-        args = ["target", "--data-address", self.target_data, "--control-address", self.target_control,
+        args = ["target", "--data-address", self.target_data[i], "--control-address", self.target_control[i],
                 "--max-seqs", str(c.max_batch), *self._common()]
         args += (["--model", str(c.target_model)] if c.target_model else [])
         args += (["--cpus", c.target_cpus] if c.target_cpus else [])
-        self._spawn("target", args + c.extra.get("target", []))
+        self._spawn(f"target{i}" if i else "target", args + c.extra.get("target", []))
 
     def start_draft(self, i: int) -> None:
         c = self.cfg
@@ -94,11 +95,12 @@ class Stack:
 
     def start(self, timeout: float = 180.0) -> "Stack":
         c = self.cfg
-        self.start_target()
+        for i in range(len(self.target_data)):
+            self.start_target(i)
         for i in range(len(self.draft_data)):
             self.start_draft(i)
         args = ["router", "--grpc-address", self.grpc_address, "--http-address", self.http_address,
-                "--target", self.target_data,
+                "--targets", ",".join(self.target_data),
                 "--drafts", ",".join(self.draft_data), "--mode", c.mode, "--backup", c.backup,
                 "--max-batch", str(c.max_batch), "--ready-timeout", str(timeout)]
         args += (["--models-dir", str(c.models_dir)] if c.models_dir else [])

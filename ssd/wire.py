@@ -41,7 +41,7 @@ import msgpack
 import numpy as np
 
 __all__ = ["MAX_ENTRIES", "MAX_FRAME_BYTES", "MAX_ITEMS", "MAX_ROW_ENTRIES", "MAX_ROWS", "MAX_STR", "MAX_TOKENS",
-           "MESSAGE_TYPES", "PROTOCOL_VERSION", "CacheEntries", "CacheEntry", "DraftAdd", "DraftAddItem",
+           "MESSAGE_TYPES", "PROTOCOL_VERSION", "Restore", "Restored", "CacheEntries", "CacheEntry", "DraftAdd", "DraftAddItem",
            "DraftParamsSpec", "DraftRound", "DraftRoundItem", "Error", "Free", "Hello", "Jit", "JitItem", "JitResult",
            "Message", "Outcome", "Outcomes", "Ping", "Pong", "Prefill", "PrefillItem", "Prefilled", "Ready", "Row",
            "SamplingSpec", "Verify", "VerifyItem", "WireError", "decode", "encode"]
@@ -365,6 +365,19 @@ class Prefilled:
     elapsed_s: float
 
 
+@_wire(0x12, items=_items(PrefillItem))
+@dataclass(slots=True)
+class Restore:
+    items: list[PrefillItem]   # tokens = every committed token: rebuild KV, sample nothing (target failover)
+
+
+@_wire(0x13, seqs=_Ints("MAX_ITEMS", 63), elapsed_s=SECONDS)
+@dataclass(slots=True)
+class Restored:
+    seqs: list[int]
+    elapsed_s: float
+
+
 @_wire(seq=ID, tokens=TOKENS, proposal=PROPOSAL)
 @dataclass(slots=True)
 class VerifyItem:
@@ -490,8 +503,8 @@ class Error:
     seq: int | None
 
 
-Message = (Hello | Ready | Ping | Pong | Prefill | Prefilled | Verify | Outcomes | DraftAdd | DraftRound | CacheEntries
-           | Jit | JitResult | Free | Error)
+Message = (Hello | Ready | Ping | Pong | Prefill | Prefilled | Restore | Restored | Verify | Outcomes | DraftAdd
+           | DraftRound | CacheEntries | Jit | JitResult | Free | Error)
 
 
 def encode(msg: Message, max_frame_bytes: int = MAX_FRAME_BYTES) -> list[bytes]:

@@ -38,6 +38,7 @@ log = logging.getLogger("ssd.router")
 
 class Phase(Enum):
     PREFILL = "prefill"   # waiting for the target's first token
+    RESTORE = "restore"   # its target died: another one is rebuilding its KV from the committed tokens
     JIT = "jit"           # waiting for a JIT backup from the draft
     READY = "ready"       # speculation ready, verify not sent yet
     VERIFY = "verify"     # waiting for the target's outcome
@@ -67,6 +68,8 @@ class Request:
     draft_sent: int = 0            # committed tokens the draft knows
     first_token_at: float | None = None
     last_emit_at: float = 0.0
+    target: Peer | None = None     # the target this sequence is pinned to
+    draft: Peer | None = None      # the draft replica that speculates for it (None: backups only)
     stats: SpecStats = field(default_factory=SpecStats)
     finish: FinishReason | None = None
 
@@ -94,7 +97,7 @@ class Timings:
 
 
 class RouterCore:
-    def __init__(self, cfg: CoreConfig, target: str, drafts: list[str], tokenizer_hash: str, eos_token_ids,
+    def __init__(self, cfg: CoreConfig, targets: list[str], drafts: list[str], tokenizer_hash: str, eos_token_ids,
                  metrics: RouterMetrics | None = None):
         if cfg.mode not in ("ar", "sd", "ssd"):
             raise ValueError(f"mode must be ar, sd or ssd, got {cfg.mode!r}")
@@ -105,8 +108,12 @@ class RouterCore:
         self.backup = BackupPolicy(cfg.backup)
         self.tokenizer_hash, self.eos = tokenizer_hash, frozenset(eos_token_ids)
         self._ctx = zmq.Context()
-        self.target = Peer(self._ctx, target, "target")
+        if not targets:
+            raise ValueError("at least one target address is needed")
+        self.targets = [Peer(self._ctx, t, "target") for t in targets]
         self.drafts = [Peer(self._ctx, d, "draft") for d in drafts]
+        self._load: dict[Peer, int] = {p: 0 for p in self.targets + self.drafts}
+        self.vocab_size = 0
         self.cache = SpeculationCache()
         self.timings = BackupTimings(k=3)
         self.stats = SpecStats()
@@ -159,14 +166,28 @@ class RouterCore:
         self._stop.set()
 
     @property
-    def draft(self) -> Peer | None:
-        return self.drafts[0] if self.drafts and self.drafts[0].alive else None
+    def target(self) -> Peer:
+        """A live target (the first configured one when none is alive): what describes the model."""
+        return next((t for t in self.targets if t.alive), self.targets[0])
+
+    def _pick(self, peers: list[Peer]) -> Peer | None:
+        """The live peer holding the fewest sequences (least-loaded sharding: new replicas fill up first)."""
+        live = [p for p in peers if p.alive]
+        return min(live, key=lambda p: self._load[p]) if live else None
+
+    def _assign(self, req: Request, role: str, peer: Peer | None) -> None:
+        old = getattr(req, role)
+        if old is not None:
+            self._load[old] -= 1
+        if peer is not None:
+            self._load[peer] += 1
+        setattr(req, role, peer)
 
     # ---- start-up -------------------------------------------------------------------------------
     def handshake(self) -> None:
         """Wait for every worker's Ready and check that they fit together, or raise StartupError."""
         deadline = time.monotonic() + self.cfg.ready_timeout
-        peers = [self.target, *self.drafts]
+        peers = [*self.targets, *self.drafts]
         while not all(p.alive for p in peers):
             if time.monotonic() > deadline:
                 missing = ", ".join(f"{p.role} at {p.address}" for p in peers if not p.alive)
@@ -176,37 +197,45 @@ class RouterCore:
                 p.receive()
                 p.tick(time.monotonic())
             time.sleep(0.02)
-        t = self.target.ready
-        if t.tokenizer_hash != self.tokenizer_hash:
-            raise StartupError(f"target at {self.target.address} uses tokenizer {t.tokenizer_hash[:12]}, but the "
-                               f"router loaded {self.tokenizer_hash[:12]}: point both at the same model folder")
-        for d in self.drafts:
-            r = d.ready
-            if r.tokenizer_hash != t.tokenizer_hash or r.vocab_size != t.vocab_size:
-                raise StartupError(
-                    f"draft at {d.address} ({r.model_id}) has tokenizer {r.tokenizer_hash[:12]} and vocabulary "
-                    f"{r.vocab_size}; the target ({t.model_id}) has {t.tokenizer_hash[:12]} and {t.vocab_size}: "
-                    f"a draft must share the target's tokenizer")
-        self.max_len = min([t.max_len] + [d.ready.max_len for d in self.drafts])
+        t = self.targets[0].ready
+        self.vocab_size = t.vocab_size
         self.k = self.drafts[0].ready.k if self.drafts else 0
+        for p in peers:
+            problem = self._incompatible(p)
+            if problem:
+                raise StartupError(problem)
+        self.max_len = min(p.ready.max_len for p in peers)
         self.timings = BackupTimings(k=max(1, self.k))
-        log.info("workers ready: target %s (%s), drafts %s; mode %s, K=%d", self.target.address, t.model_id,
-                 [d.address for d in self.drafts], self.cfg.mode, self.k)
+        log.info("workers ready: targets %s (%s), drafts %s; mode %s, K=%d", [p.address for p in self.targets],
+                 t.model_id, [d.address for d in self.drafts], self.cfg.mode, self.k)
+
+    def _incompatible(self, p: Peer) -> str | None:
+        """Why a worker cannot join (None if it can): tokenizer, vocabulary, K."""
+        r = p.ready
+        if r.tokenizer_hash != self.tokenizer_hash or r.vocab_size != self.vocab_size:
+            what = "a draft must share the target's tokenizer" if p.role == "draft" else \
+                "point router and targets at the same model folder"
+            return (f"{p.role} at {p.address} ({r.model_id}) has tokenizer {r.tokenizer_hash[:12]} and vocabulary "
+                    f"{r.vocab_size}; the router serves {self.tokenizer_hash[:12]} and {self.vocab_size}: {what}")
+        if p.role == "draft" and r.k != self.k:
+            return f"draft at {p.address} speculates K={r.k}; the pool uses K={self.k}"
+        return None
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
         poller = zmq.Poller()
-        for p in [self.target, *self.drafts]:
+        for p in [*self.targets, *self.drafts]:
             poller.register(p.sock, zmq.POLLIN)
         while not self._stop.is_set():
             self._take_new()
             busy = bool(self.active or self.waiting)
             poller.poll(1 if busy else 20)
-            for msg in self.target.receive():
-                self._on_target(msg)
+            for t in self.targets:
+                for msg in t.receive():
+                    self._on_target(t, msg)
             for d in self.drafts:
                 for msg in d.receive():
-                    self._on_draft(msg)
+                    self._on_draft(d, msg)
             self._liveness()
             self._dispatch()
         self._shutdown()
@@ -227,21 +256,32 @@ class RouterCore:
         for req in [r for r in (*self.active.values(), *self.waiting) if r.deadline is not None and r.deadline < now]:
             self._end(req, FinishReason.TIME_LIMIT)
         room = self.cfg.max_batch - len(self.active)
+        if not any(t.alive for t in self.targets):
+            room = 0  # no target to admit to: requests wait (their deadlines still apply)
         admit, self.waiting = self.waiting[:max(0, room)], self.waiting[max(0, room):]
         if not admit:
             return
-        items = []
         self.metrics.set_queue_depth(len(self.waiting))
         self.metrics.set_active(len(self.active) + len(admit))
         for req in admit:
             self.metrics.request_started(req.mode)
             self.active[req.seq] = req
-            s = req.params
-            items.append(wire.PrefillItem(req.seq, req.prompt, wire.SamplingSpec(s.temperature, s.top_k, s.top_p,
-                                                                                   s.min_p, s.seed)))
-        self.target.send(wire.Prefill(items))
+            self._send_prefill(req, wire.Prefill)
 
-    def _on_target(self, msg) -> None:
+    def _send_prefill(self, req: Request, kind) -> None:
+        """Prefill (or, after a target failure, Restore) the sequence on the least-loaded live target."""
+        self._assign(req, "target", self._pick(self.targets))
+        if req.target is None:
+            req.events.put(("error", "no target is alive"))
+            self._finish(req, FinishReason.ERROR, notify=False)
+            return
+        s = req.params
+        tokens = req.prompt if kind is wire.Prefill else req.prompt + req.output
+        req.phase = Phase.PREFILL if kind is wire.Prefill else Phase.RESTORE
+        req.target.send(kind([wire.PrefillItem(req.seq, tokens, wire.SamplingSpec(s.temperature, s.top_k, s.top_p,
+                                                                                    s.min_p, s.seed))]))
+
+    def _on_target(self, peer: Peer, msg) -> None:
         if isinstance(msg, wire.Outcomes):
             self.timings.observe_verify(len(msg.items), msg.elapsed_s)
             t = self.times
@@ -253,7 +293,7 @@ class RouterCore:
             self.metrics.router_hop(max(0.0, roundtrip - msg.elapsed_s))
             for out in msg.items:
                 req = self.active.get(out.seq)
-                if req is None or req.phase is not Phase.VERIFY:
+                if req is None or req.phase is not Phase.VERIFY or req.target is not peer:
                     continue
                 req.round += 1
                 new = req.spec[:out.accepted] + [out.token]
@@ -269,7 +309,7 @@ class RouterCore:
         elif isinstance(msg, wire.Prefilled):
             for seq, token in msg.items:
                 req = self.active.get(seq)
-                if req is None or req.phase is not Phase.PREFILL:
+                if req is None or req.phase is not Phase.PREFILL or req.target is not peer:
                     continue
                 self.cache.start_sequence(seq, first_round=0)
                 self._commit(req, [token])
@@ -278,15 +318,23 @@ class RouterCore:
                 else:
                     self._add_to_draft(req)
                     self._next(req, 0, token)
+        elif isinstance(msg, wire.Restored):
+            for seq in msg.seqs:
+                req = self.active.get(seq)
+                if req is not None and req.phase is Phase.RESTORE and req.target is peer:
+                    self._backup(req, choose_backup(self._policy(req), max(1, len(self.active)), self.timings))
         elif isinstance(msg, wire.Error):
-            self._worker_error("target", msg)
+            req = self.active.get(msg.seq) if msg.seq is not None else None
+            if req is None or req.target is peer:
+                self._worker_error("target", msg)
 
-    def _on_draft(self, msg) -> None:
+    def _on_draft(self, peer: Peer, msg) -> None:
         if isinstance(msg, wire.CacheEntries):
             self.times.draft_rounds += 1
             self.times.draft_round_s += msg.elapsed_s
             self.metrics.draft_round(msg.elapsed_s)
-            if msg.seq in self.active:
+            req = self.active.get(msg.seq)
+            if req is not None and req.draft is peer:
                 entries = {(e.accepted, e.token): CacheEntry(e.tokens, e.proposal) for e in msg.entries}
                 self.cache.publish(msg.seq, msg.round, entries)
         elif isinstance(msg, wire.JitResult):
@@ -296,7 +344,7 @@ class RouterCore:
             self.metrics.jit(msg.elapsed_s)
             for seq, tokens, proposal in msg.items:
                 req = self.active.get(seq)
-                if req is None or req.phase is not Phase.JIT:
+                if req is None or req.phase is not Phase.JIT or req.draft is not peer:
                     continue
                 room = self._room(req)
                 req.spec = tokens[:room]
@@ -304,7 +352,7 @@ class RouterCore:
                 req.phase = Phase.READY
         elif isinstance(msg, wire.Error):
             req = self.active.get(msg.seq) if msg.seq is not None else None
-            if msg.code == "unknown_sequence" and req is not None and req.finish is None:
+            if msg.code == "unknown_sequence" and req is not None and req.finish is None and req.draft is peer:
                 self._add_to_draft(req)  # the draft lost it (restart): rebuild from committed tokens
                 if req.phase is Phase.JIT:
                     self._backup(req, BackupPolicy.NGRAM)
@@ -360,8 +408,13 @@ class RouterCore:
         return n
 
     def _add_to_draft(self, req: Request) -> None:
-        d = self.draft
-        if d is None or req.mode == "ar":
+        """(Re)build the sequence on its draft, or on the least-loaded live one if it has none."""
+        if req.mode == "ar":
+            return
+        if req.draft is None or not req.draft.alive:
+            self._assign(req, "draft", self._pick(self.drafts))
+        d = req.draft
+        if d is None:
             return
         p = req.params
         params = (wire.DraftParamsSpec(0.0, 0, 1.0, 0, p.seed) if p.greedy else
@@ -382,12 +435,14 @@ class RouterCore:
                 req.spec, req.spec_kind, req.phase = list(entry.tokens[:room]), "cache", Phase.READY
                 req.proposal = None if req.params.greedy else [(list(i), list(p)) for i, p in entry.proposal[:room]]
                 return
-        policy = {"ar": BackupPolicy.NONE, "sd": BackupPolicy.JIT}.get(req.mode, self.backup)
-        self._backup(req, choose_backup(policy, max(1, len(self.active)), self.timings))
+        self._backup(req, choose_backup(self._policy(req), max(1, len(self.active)), self.timings))
+
+    def _policy(self, req: Request) -> BackupPolicy:
+        return {"ar": BackupPolicy.NONE, "sd": BackupPolicy.JIT}.get(req.mode, self.backup)
 
     def _backup(self, req: Request, kind: BackupPolicy) -> None:
         room = self._room(req)
-        if kind is BackupPolicy.JIT and (self.draft is None or room == 0):
+        if kind is BackupPolicy.JIT and (req.draft is None or not req.draft.alive or room == 0):
             kind = BackupPolicy.NGRAM if req.mode != "ar" else BackupPolicy.NONE
         if kind is BackupPolicy.JIT:
             req.phase = Phase.JIT
@@ -403,31 +458,33 @@ class RouterCore:
 
     def _dispatch(self) -> None:
         if self._jit_pending:
-            d, items = self.draft, []
+            jits: dict[Peer, list] = {}
             for req in self._jit_pending:
                 if req.phase is not Phase.JIT:
                     continue
-                if d is None:
+                if req.draft is None or not req.draft.alive:
                     self._backup(req, BackupPolicy.NGRAM)
                     continue
-                items.append(wire.JitItem(req.seq, self._delta(req), self._room(req)))
+                jits.setdefault(req.draft, []).append(wire.JitItem(req.seq, self._delta(req), self._room(req)))
             self._jit_pending = []
-            if items:
+            for d, items in jits.items():
                 d.send(wire.Jit(next(self._batches), items))
         ready = [r for r in self.active.values() if r.phase is Phase.READY]
         if not ready:
             return
-        batch_id = next(self._batches)
-        self._sent_at[batch_id] = time.monotonic()
-        self.target.send(wire.Verify(batch_id, [wire.VerifyItem(r.seq, r.spec, r.proposal) for r in ready]))
-        d = self.draft
-        rounds = []
+        verifies: dict[Peer, list] = {}
+        rounds: dict[Peer, list] = {}
         for r in ready:
             r.phase = Phase.VERIFY
-            if r.mode == "ssd" and d is not None:
-                rounds.append(wire.DraftRoundItem(r.seq, r.round + 1, self._delta(r), r.spec))
-        if rounds:
-            d.send(wire.DraftRound(rounds))
+            verifies.setdefault(r.target, []).append(wire.VerifyItem(r.seq, r.spec, r.proposal))
+            if r.mode == "ssd" and r.draft is not None and r.draft.alive:
+                rounds.setdefault(r.draft, []).append(wire.DraftRoundItem(r.seq, r.round + 1, self._delta(r), r.spec))
+        for t, items in verifies.items():
+            batch_id = next(self._batches)
+            self._sent_at[batch_id] = time.monotonic()
+            t.send(wire.Verify(batch_id, items))
+        for d, items in rounds.items():
+            d.send(wire.DraftRound(items))
 
     def _delta(self, req: Request) -> list[int]:
         tokens = req.prompt + req.output
@@ -437,32 +494,48 @@ class RouterCore:
 
     def _liveness(self) -> None:
         now = time.monotonic()
-        if self.target.tick(now) == "died":
-            for req in list(self.active.values()):
-                req.events.put(("error", f"target at {self.target.address} stopped answering"))
-                self._finish(req, FinishReason.ERROR, notify=False)
+        for t in self.targets:
+            change = t.tick(now)
+            if change == "ready" and self.vocab_size and self._incompatible(t):
+                log.error("refusing %s", self._incompatible(t))
+                t.alive = False
+            elif change == "died":
+                moved = [r for r in self.active.values() if r.target is t]
+                log.warning("target %s died: moving %d sequences to other targets", t.address, len(moved))
+                for req in moved:  # re-prefill elsewhere from the committed tokens; greedy output is unchanged
+                    self._assign(req, "target", None)
+                    self._send_prefill(req, wire.Prefill if req.phase is Phase.PREFILL else wire.Restore)
         for d in self.drafts:
             change = d.tick(now)
             if change is not None:
                 self.metrics.set_drafts_alive(sum(p.alive for p in self.drafts))
-            if change == "died":
-                for req in list(self.active.values()):
+            if change == "ready" and self._incompatible(d):
+                log.error("refusing %s", self._incompatible(d))
+                d.alive = False
+            elif change == "died":
+                moved = [r for r in self.active.values() if r.draft is d]
+                for req in moved:  # survivors rebuild draft KV from committed tokens; backups meanwhile
+                    self._assign(req, "draft", None)
                     if req.phase is Phase.JIT:
                         self._backup(req, BackupPolicy.NGRAM)
-            elif change == "ready":
-                log.info("draft %s is back: re-adding %d sequences", d.address, len(self.active))
-                for req in self.active.values():
-                    if req.finish is None and req.phase is not Phase.PREFILL:
+                    if req.phase is not Phase.PREFILL:
                         self._add_to_draft(req)
+            elif change == "ready":
+                orphans = [r for r in self.active.values() if r.draft is None and r.phase is not Phase.PREFILL]
+                log.info("draft %s is ready: it takes new sequences and %d without a draft", d.address, len(orphans))
+                for req in orphans:
+                    self._add_to_draft(req)
 
     def _finish(self, req: Request, reason: FinishReason, notify: bool = True) -> None:
         req.finish = reason
         if self.active.pop(req.seq, None) is None:
             return
         self._forget(req)
-        self.target.send(wire.Free([req.seq]))
-        if self.draft is not None:
-            self.draft.send(wire.Free([req.seq]))
+        for role in ("target", "draft"):
+            peer = getattr(req, role)
+            if peer is not None:
+                peer.send(wire.Free([req.seq]))
+                self._assign(req, role, None)
         if req.seq in self.cache:
             self.cache.end_sequence(req.seq)
         self.finished += 1
@@ -479,6 +552,6 @@ class RouterCore:
     def _shutdown(self) -> None:
         for req in list(self.active.values()) + self.waiting:
             req.events.put(("error", "the router is shutting down"))
-        for p in [self.target, *self.drafts]:
+        for p in [*self.targets, *self.drafts]:
             p.close()
         self._ctx.term()

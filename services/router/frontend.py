@@ -126,7 +126,7 @@ class Frontend:
                 raise ValueError(f"messages: {e}") from None
         if not ids:
             raise ValueError("prompt: must not be empty")
-        vocab = self.core.target.ready.vocab_size
+        vocab = self.core.vocab_size
         if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in ids):
             raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
         if len(ids) >= self.core.max_len:

@@ -38,7 +38,8 @@ class RouterConfig:
     grpc_address: str = field(default="127.0.0.1:50051", metadata={"help": "client gRPC address to bind"})
     http_address: str = field(default="127.0.0.1:8000",
                               metadata={"help": "OpenAI-compatible HTTP address to bind (empty = off)"})
-    target: str = field(default="tcp://127.0.0.1:5601", metadata={"help": "the target's data-plane address"})
+    targets: tuple[str, ...] = field(default=("tcp://127.0.0.1:5601",),
+                                     metadata={"help": "target data-plane addresses, comma-separated"})
     drafts: tuple[str, ...] = field(default=("tcp://127.0.0.1:5602",),
                                     metadata={"help": "draft data-plane addresses, comma-separated"})
     model: Path | None = field(default=None, metadata={"help": "model folder with the tokenizer (default: embedded)"})
@@ -120,7 +121,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                                  verify_roundtrip_s=t.verify_roundtrip_s, draft_rounds=t.draft_rounds,
                                  draft_round_s=t.draft_round_s, jit_batches=t.jit_batches, jit_s=t.jit_s)
         return pb.ServerInfo(active_requests=len(core.active), queued_requests=len(core.waiting),
-                             targets=[core.target.address], drafts=[d.address for d in core.drafts if d.alive],
+                             targets=[t.address for t in core.targets if t.alive],
+                             drafts=[d.address for d in core.drafts if d.alive],
                              finished_requests=core.finished, totals=totals)
 
 
@@ -131,7 +133,8 @@ def run(cfg: RouterConfig) -> int:
     folder = cfg.model or target_dir(cfg.models_dir)
     tok = Tokenizer.from_folder(folder)
     core = RouterCore(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
-                                 cfg.ready_timeout), cfg.target, list(cfg.drafts), tok.fingerprint, tok.eos_token_ids)
+                                 cfg.ready_timeout), list(cfg.targets), list(cfg.drafts), tok.fingerprint,
+                      tok.eos_token_ids)
     metrics = RouterMetrics()
     core.metrics = metrics
     frontend = Frontend(core, tok, Limits(cfg.max_tokens_default, cfg.max_tokens_limit))

@@ -39,7 +39,7 @@ class TargetHandler(Handler):
         for peer, msg in batch:
             if isinstance(msg, wire.Verify):
                 verifies.append((peer, msg))
-            elif isinstance(msg, wire.Prefill):
+            elif isinstance(msg, (wire.Prefill, wire.Restore)):
                 self._prefill(peer, msg)
             elif isinstance(msg, wire.Free):
                 for seq in msg.seqs:
@@ -65,19 +65,28 @@ class TargetHandler(Handler):
             except ValueError as e:
                 self._error(peer, "invalid_argument", str(e), item.seq)
                 continue
-            if not 0 < len(item.tokens) < self.worker.max_len or any(not 0 <= t < vocab for t in item.tokens):
+            if not 0 < len(item.tokens) <= self.worker.max_len or any(not 0 <= t < vocab for t in item.tokens):
                 self._error(peer, "invalid_argument",
-                            f"prompt needs 1..{self.worker.max_len - 1} token ids in [0, {vocab})", item.seq)
+                            f"prompt needs 1..{self.worker.max_len} token ids in [0, {vocab})", item.seq)
                 continue
             self.worker.free((peer, item.seq))  # a re-prefill (after a router retry) replaces the old state
             requests.append(((peer, item.seq), item.tokens, params))
             seqs.append(item.seq)
-        while requests and len(requests) > self.worker.free_slots:
-            key, _, _ = requests.pop()
+        while len(requests) > self.worker.free_slots:
+            requests.pop()
             self._error(peer, "resource_exhausted", "the target has no free KV slot", seqs.pop())
-        if requests:
-            firsts = self.worker.prefill(requests)
-            self.endpoint.send(peer, wire.Prefilled(list(zip(seqs, firsts)), time.perf_counter() - t0))
+        if not requests:
+            return
+        try:
+            if isinstance(msg, wire.Restore):
+                self.worker.restore(requests)
+                self.endpoint.send(peer, wire.Restored(seqs, time.perf_counter() - t0))
+            else:
+                firsts = self.worker.prefill(requests)
+                self.endpoint.send(peer, wire.Prefilled(list(zip(seqs, firsts)), time.perf_counter() - t0))
+        except ValueError as e:
+            for seq in seqs:
+                self._error(peer, "invalid_argument", str(e), seq)
 
     def _verify(self, messages) -> None:
         t0 = time.perf_counter()

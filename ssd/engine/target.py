@@ -101,6 +101,23 @@ class TargetWorker:
         return None
 
     @torch.inference_mode()
+    def restore(self, requests: list[tuple[int, list[int], SamplingParams]]) -> None:
+        """Re-create sequences from all their committed tokens (another target failed): KV for all but the
+        last token, nothing sampled; the next verify continues exactly where the lost target stopped."""
+        new = []
+        for seq_id, tokens, params in requests:
+            self.free(seq_id)
+            if not 1 < len(tokens) <= self.max_len:
+                raise ValueError(f"restore needs 2..{self.max_len} committed tokens, got {len(tokens)}")
+            seq = _TargetSeq(list(tokens), params, self.cache.allocate(), make_generator(params.seed))
+            self.seqs[seq_id] = seq
+            new.append(seq)
+        if new:
+            fb = ForwardBatch.ragged([s.tokens[:-1] for s in new], [0] * len(new), [s.slot for s in new],
+                                     self.device)
+            self.model(fb, self.cache)
+
+    @torch.inference_mode()
     def verify(self, items: list[VerifyItem]) -> list[Outcome]:
         t0 = time.perf_counter()
         seqs = [self.seqs[it.seq_id] for it in items]

@@ -26,7 +26,7 @@ def test_stream_concatenates_to_generate_and_equals_ar(stack, chat_prompts, ar_r
 
 
 def _workers_idle(stack):
-    return (describe(stack.target_control).active_sequences, describe(stack.draft_control[0]).active_sequences)
+    return (describe(stack.target_control[0]).active_sequences, describe(stack.draft_control[0]).active_sequences)
 
 
 def test_hundred_aborted_streams_leak_nothing(stack, chat_prompts):

@@ -70,7 +70,7 @@ BAD_FRAMES = {
 def test_malformed_frames_are_rejected_logged_and_service_keeps_serving(stack, chat_prompts, ar_reference):
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
-    sock.connect(stack.target_data)
+    sock.connect(stack.target_data[0])
     valid = wire.encode(wire.Free([12345]))
     frames = dict(BAD_FRAMES)
     frames["wrong version"] = [valid[0], valid[1].replace(b"\x01", b"\x09", 1)]
