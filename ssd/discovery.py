@@ -197,7 +197,8 @@ class Registration:
         try:
             self._beat()
         except registry._error as e:
-            raise DiscoveryError(f"cannot register {worker.role} {worker.address} in Redis at {registry.url}: {e}") from e
+            raise DiscoveryError(f"cannot register {worker.role} {worker.address} in Redis at {registry.url}: "
+                                 f"{e}") from e
         self._thread = threading.Thread(target=self._run, name=f"ssd-heartbeat-{worker.role}", daemon=True)
         self._thread.start()
 
@@ -302,7 +303,8 @@ class KubernetesDiscovery(Discovery):
         self._rv[role] = body["metadata"]["resourceVersion"]
         self._publish(role)
 
-    def _watch(self, role: str) -> None:
+    def _watch(self, role: str) -> bool:
+        """Follow one watch request until it ends; whether it carried any event."""
         from kubernetes.client.exceptions import ApiException
         from kubernetes.watch.watch import iter_resp_lines
 
@@ -311,12 +313,13 @@ class KubernetesDiscovery(Discovery):
         self._responses[role] = response
         try:
             if self._stop.is_set():
-                return  # stop() ran before this response was registered for it to shut down
+                return False  # stop() ran before this response was registered for it to shut down
+            events = 0
             for line in iter_resp_lines(response):
                 if not line.strip():
                     continue
                 event = json.loads(line)
-                kind, obj = event["type"], event["object"]
+                kind, obj, events = event["type"], event["object"], events + 1
                 if kind == "ERROR":
                     raise ApiException(status=obj.get("code"), reason=f"{obj.get('reason')}: {obj.get('message')}")
                 name = obj["metadata"].get("name")
@@ -327,6 +330,7 @@ class KubernetesDiscovery(Discovery):
                 self._rv[role] = obj["metadata"]["resourceVersion"]
                 if kind != "BOOKMARK":
                     self._publish(role)
+            return events > 0
         finally:
             self._responses.pop(role, None)
             response.release_conn()
@@ -338,8 +342,9 @@ class KubernetesDiscovery(Discovery):
             try:
                 if self._rv[role] is None:
                     self._list(role)
-                self._watch(role)
-                continue  # the server ended the watch (its timeout): watch again from where it left off
+                if not self._watch(role):  # the server ended the watch (its timeout): watch again from there,
+                    self._stop.wait(self.retry_delay)  # but not in a tight loop if it ends them at once
+                continue
             except ApiException as e:
                 if e.status == 410:
                     log.info("watch of %s endpoints expired (410 Gone); relisting", self.services[role])
