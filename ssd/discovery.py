@@ -244,11 +244,13 @@ class KubernetesDiscovery(Discovery):
     resourceVersion; a dropped watch resumes from the last resourceVersion seen, and 410 Gone relists."""
 
     def __init__(self, namespace: str, target_service: str, draft_service: str, data_port: int, api_client=None,
-                 watch_timeout: int = 300, retry_delay: float = 1.0):
+                 watch_timeout: int = 300, retry_delay: float = 1.0, draft_port: int | None = None):
         super().__init__()
-        if not 0 < data_port < 65536:
-            raise ValueError(f"data_port must be a TCP port, got {data_port}")
+        for port in (data_port, draft_port or data_port):
+            if not 0 < port < 65536:
+                raise ValueError(f"data ports must be TCP ports, got {port}")
         self.namespace, self.data_port = namespace, data_port
+        self.ports = {"target": data_port, "draft": draft_port or data_port}
         self.services = {"target": target_service, "draft": draft_service}
         self.watch_timeout, self.retry_delay = watch_timeout, retry_delay
         self._api_client = api_client
@@ -299,7 +301,8 @@ class KubernetesDiscovery(Discovery):
 
     def _list(self, role: str) -> None:
         body = json.loads(self._request(role, _request_timeout=30).data)
-        self._slices[role] = {item["metadata"]["name"]: self._addresses(item) for item in body.get("items") or []}
+        self._slices[role] = {item["metadata"]["name"]: self._addresses(item, self.ports[role])
+                              for item in body.get("items") or []}
         self._rv[role] = body["metadata"]["resourceVersion"]
         self._publish(role)
 
@@ -324,7 +327,7 @@ class KubernetesDiscovery(Discovery):
                     raise ApiException(status=obj.get("code"), reason=f"{obj.get('reason')}: {obj.get('message')}")
                 name = obj["metadata"].get("name")
                 if kind in ("ADDED", "MODIFIED"):
-                    self._slices[role][name] = self._addresses(obj)
+                    self._slices[role][name] = self._addresses(obj, self.ports[role])
                 elif kind == "DELETED":
                     self._slices[role].pop(name, None)
                 self._rv[role] = obj["metadata"]["resourceVersion"]
@@ -359,14 +362,14 @@ class KubernetesDiscovery(Discovery):
                         self.services[role], error, self._rv[role], self.retry_delay)
             self._stop.wait(self.retry_delay)
 
-    def _addresses(self, endpoint_slice: dict) -> set[str]:
+    def _addresses(self, endpoint_slice: dict, port: int) -> set[str]:
         addresses = set()
         for endpoint in endpoint_slice.get("endpoints") or []:
             if (endpoint.get("conditions") or {}).get("ready") is False:
                 continue  # ready unset means unknown, which Kubernetes says to treat as ready
             for ip in endpoint.get("addresses") or []:
                 host = f"[{ip}]" if ":" in ip else ip
-                addresses.add(f"tcp://{host}:{self.data_port}")
+                addresses.add(f"tcp://{host}:{port}")
         return addresses
 
     def _publish(self, role: str) -> None:

@@ -47,6 +47,7 @@ class StackConfig:
     draft_cpus: str = ""               # e.g. "1": pin the drafts
     threads: int = 0
     log_dir: Path | None = None        # service logs (default: inherit stderr)
+    redis_url: str = ""                # workers register there and the router discovers them (else static)
     extra: dict[str, list[str]] = field(default_factory=dict)  # more flags per role
 
 
@@ -75,6 +76,7 @@ class Stack:
     def _common(self) -> list[str]:
         c = self.cfg
         args = ["--models-dir", str(c.models_dir)] if c.models_dir else []
+        args += ["--redis-url", c.redis_url] if c.redis_url else []
         return args + (["--threads", str(c.threads)] if c.threads else [])
 
     def start_target(self, i: int = 0) -> None:
@@ -105,6 +107,7 @@ class Stack:
                 "--max-batch", str(c.max_batch), "--ready-timeout", str(timeout)]
         args += (["--models-dir", str(c.models_dir)] if c.models_dir else [])
         args += (["--model", str(c.target_model)] if c.target_model else [])
+        args += (["--discovery", "redis", "--redis-url", c.redis_url] if c.redis_url else [])
         self._spawn("router", args + c.extra.get("router", []))
         deadline = time.monotonic() + timeout
         while not wait_serving(self.grpc_address, timeout=1.0):

@@ -34,6 +34,9 @@ class WorkerConfig:
     threads: int = field(default=0, metadata={"help": "torch threads (0 = torch's default)"})
     cpus: str = field(default="", metadata={"help": "CPU affinity, e.g. '0' or '0,1' (empty = any)"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
+    redis_url: str = field(default="", metadata={"help": "register in this Redis worker registry (empty = no)"})
+    advertise_address: str = field(default="", metadata={"help": "data address routers should use "
+                                                                  "(default: the bound one)"})
 
 
 def setup_process(cfg: WorkerConfig, role: str) -> None:
@@ -135,9 +138,16 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
     endpoint = WorkerEndpoint(cfg.data_address, ready, role)
     state["endpoint"] = endpoint.start()
     state["handler"] = handler = handler_cls(worker, endpoint)
+    registration = None
+    if cfg.redis_url:
+        from ssd.discovery import RedisRegistry
+
+        registration = RedisRegistry(cfg.redis_url).register(role, cfg.advertise_address or state["endpoint"])
     try:
         serve(handler, endpoint, control, stop)
     finally:
+        if registration is not None:
+            registration.close()
         control.set_serving(False)
         endpoint.stop()
         control.stop(0)

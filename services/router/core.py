@@ -98,18 +98,20 @@ class Timings:
 
 class RouterCore:
     def __init__(self, cfg: CoreConfig, targets: list[str], drafts: list[str], tokenizer_hash: str, eos_token_ids,
-                 metrics: RouterMetrics | None = None):
+                 metrics: RouterMetrics | None = None, discovery=None):
         if cfg.mode not in ("ar", "sd", "ssd"):
             raise ValueError(f"mode must be ar, sd or ssd, got {cfg.mode!r}")
-        if cfg.mode != "ar" and not drafts:
+        if cfg.mode != "ar" and not drafts and discovery is None:
             raise ValueError(f"mode {cfg.mode} needs a draft address")
         drafts = drafts if cfg.mode != "ar" else []
         self.cfg = cfg
         self.backup = BackupPolicy(cfg.backup)
         self.tokenizer_hash, self.eos = tokenizer_hash, frozenset(eos_token_ids)
         self._ctx = zmq.Context()
-        if not targets:
-            raise ValueError("at least one target address is needed")
+        if not targets and discovery is None:
+            raise ValueError("at least one target address (or a discovery source) is needed")
+        self.discovery = discovery  # ssd.discovery.Discovery: workers that appear and leave at run time
+        self._poller = zmq.Poller()
         self.targets = [Peer(self._ctx, t, "target") for t in targets]
         self.drafts = [Peer(self._ctx, d, "draft") for d in drafts]
         self._load: dict[Peer, int] = {p: 0 for p in self.targets + self.drafts}
@@ -140,7 +142,7 @@ class RouterCore:
         mode = mode or self.cfg.mode
         if mode not in ("ar", "sd", "ssd"):
             raise ValueError(f"speculation.mode: must be ar, sd or ssd, got {mode!r}")
-        if mode != "ar" and not self.drafts:
+        if mode != "ar" and not self.drafts and self.discovery is None:
             raise ValueError(f"speculation.mode: {mode} needs a draft, and this router has none")
         if k < 0 or (k and k > self.k):
             raise ValueError(f"speculation.k: must be in 0..{self.k} (the draft's K), got {k}")
@@ -166,9 +168,9 @@ class RouterCore:
         self._stop.set()
 
     @property
-    def target(self) -> Peer:
-        """A live target (the first configured one when none is alive): what describes the model."""
-        return next((t for t in self.targets if t.alive), self.targets[0])
+    def target(self) -> Peer | None:
+        """A live target (else the first known one): what describes the model."""
+        return next((t for t in self.targets if t.alive), self.targets[0] if self.targets else None)
 
     def _pick(self, peers: list[Peer]) -> Peer | None:
         """The live peer holding the fewest sequences (least-loaded sharding: new replicas fill up first)."""
@@ -187,17 +189,23 @@ class RouterCore:
     def handshake(self) -> None:
         """Wait for every worker's Ready and check that they fit together, or raise StartupError."""
         deadline = time.monotonic() + self.cfg.ready_timeout
+        if self.discovery is not None:
+            self.discovery.start()
+            self._discover()
         peers = [*self.targets, *self.drafts]
-        while not all(p.alive for p in peers):
+        while not (all(p.alive for p in peers) and any(t.alive for t in self.targets)):
             if time.monotonic() > deadline:
                 missing = ", ".join(f"{p.role} at {p.address}" for p in peers if not p.alive)
                 raise StartupError(f"no Ready from {missing} within {self.cfg.ready_timeout:.0f} s: is the "
                                    f"worker running (`ssd target` / `ssd draft`) and its data address right?")
+            if self.discovery is not None:
+                self._discover()
+                peers = [*self.targets, *self.drafts]
             for p in peers:
                 p.receive()
                 p.tick(time.monotonic())
             time.sleep(0.02)
-        t = self.targets[0].ready
+        t = self.target.ready
         self.vocab_size = t.vocab_size
         self.k = self.drafts[0].ready.k if self.drafts else 0
         for p in peers:
@@ -208,6 +216,26 @@ class RouterCore:
         self.timings = BackupTimings(k=max(1, self.k))
         log.info("workers ready: targets %s (%s), drafts %s; mode %s, K=%d", [p.address for p in self.targets],
                  t.model_id, [d.address for d in self.drafts], self.cfg.mode, self.k)
+
+    def _discover(self) -> None:
+        """Apply what the discovery source saw: connect to new workers, treat removed ones as dead."""
+        for change in self.discovery.changes():
+            role, address = change.worker.role, change.worker.address
+            pool = self.targets if role == "target" else self.drafts
+            known = next((p for p in pool if p.address == address), None)
+            if change.kind == "added" and known is None and (role == "target" or self.cfg.mode != "ar"):
+                peer = Peer(self._ctx, address, role)
+                pool.append(peer)
+                self._load[peer] = 0
+                self._poller.register(peer.sock, zmq.POLLIN)
+                log.info("discovered %s %s", role, address)
+            elif change.kind == "removed" and known is not None:
+                log.info("%s %s left", role, address)
+                known.last_seen = 0.0  # the next liveness pass moves its sequences
+                self._liveness()
+                pool.remove(known)
+                self._poller.unregister(known.sock)
+                known.close()
 
     def _incompatible(self, p: Peer) -> str | None:
         """Why a worker cannot join (None if it can): tokenizer, vocabulary, K."""
@@ -223,13 +251,14 @@ class RouterCore:
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
-        poller = zmq.Poller()
         for p in [*self.targets, *self.drafts]:
-            poller.register(p.sock, zmq.POLLIN)
+            self._poller.register(p.sock, zmq.POLLIN)
         while not self._stop.is_set():
+            if self.discovery is not None:
+                self._discover()
             self._take_new()
             busy = bool(self.active or self.waiting)
-            poller.poll(1 if busy else 20)
+            self._poller.poll(1 if busy else 20)
             for t in self.targets:
                 for msg in t.receive():
                     self._on_target(t, msg)

@@ -256,7 +256,7 @@ class HttpServer:
 
     # ---- endpoints --------------------------------------------------------------------------------
     def _ready(self) -> bool:
-        return self.core.max_len > 0 and self.core.target.ready is not None
+        return self.core.max_len > 0 and self.core.target is not None and self.core.target.ready is not None
 
     async def _body(self, request: web.Request) -> dict:
         raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge (413)

@@ -44,6 +44,14 @@ class RouterConfig:
                                     metadata={"help": "draft data-plane addresses, comma-separated"})
     model: Path | None = field(default=None, metadata={"help": "model folder with the tokenizer (default: embedded)"})
     models_dir: Path | None = field(default=None, metadata={"help": "folder of prepared models"})
+    discovery: str = field(default="static",
+                           metadata={"help": "how workers are found: static (targets/drafts), redis, kubernetes"})
+    redis_url: str = field(default="", metadata={"help": "Redis URL for the worker registry (discovery=redis)"})
+    k8s_namespace: str = field(default="default", metadata={"help": "namespace of the worker Services"})
+    k8s_target_service: str = field(default="ssd-target", metadata={"help": "headless Service of the targets"})
+    k8s_draft_service: str = field(default="ssd-draft", metadata={"help": "headless Service of the drafts"})
+    k8s_target_port: int = field(default=5601, metadata={"help": "targets' data-plane port"})
+    k8s_draft_port: int = field(default=5602, metadata={"help": "drafts' data-plane port"})
     mode: str = field(default="ssd", metadata={"help": "ar, sd or ssd"})
     backup: str = field(default="jit", metadata={"help": "ssd miss policy: jit, ngram, none or auto"})
     max_batch: int = field(default=16, metadata={"help": "sequences generating at once"})
@@ -103,7 +111,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         return pb.AbortResponse(found=self.core.abort_id(request.request_id))
 
     def GetModelInfo(self, request, context):
-        t = self.core.target.ready
+        t = self.core.target.ready if self.core.target is not None else None
         if t is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the router is waiting for its workers; retry shortly")
         d = self.core.drafts[0].ready if self.core.drafts and self.core.drafts[0].ready else None
@@ -126,15 +134,36 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                              finished_requests=core.finished, totals=totals)
 
 
+def make_discovery(cfg: RouterConfig):
+    """None for static addresses; otherwise the Redis registry or the Kubernetes EndpointSlice watch."""
+    from ssd import discovery
+
+    if cfg.discovery == "static":
+        return None
+    if cfg.discovery == "redis":
+        if not cfg.redis_url:
+            raise ValueError("discovery=redis needs --redis-url")
+        return discovery.RedisRegistry(cfg.redis_url)
+    if cfg.discovery == "kubernetes":
+        return discovery.KubernetesDiscovery(cfg.k8s_namespace, cfg.k8s_target_service, cfg.k8s_draft_service,
+                                             cfg.k8s_target_port, draft_port=cfg.k8s_draft_port)
+    raise ValueError(f"discovery must be static, redis or kubernetes, got {cfg.discovery!r}")
+
+
 def run(cfg: RouterConfig) -> int:
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s router %(levelname)s %(message)s")
     from ssd.paths import target_dir
 
     folder = cfg.model or target_dir(cfg.models_dir)
     tok = Tokenizer.from_folder(folder)
+    try:
+        discovery = make_discovery(cfg)
+    except Exception as e:  # DiscoveryError, or a missing in-cluster config
+        log.error("%s", e)
+        return 2
+    static = (list(cfg.targets), list(cfg.drafts)) if discovery is None else ([], [])
     core = RouterCore(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
-                                 cfg.ready_timeout), list(cfg.targets), list(cfg.drafts), tok.fingerprint,
-                      tok.eos_token_ids)
+                                 cfg.ready_timeout), *static, tok.fingerprint, tok.eos_token_ids, discovery=discovery)
     metrics = RouterMetrics()
     core.metrics = metrics
     frontend = Frontend(core, tok, Limits(cfg.max_tokens_default, cfg.max_tokens_limit))
@@ -148,7 +177,7 @@ def run(cfg: RouterConfig) -> int:
     port = server.start()  # NOT_SERVING until the workers are ready
     try:
         core.handshake()
-    except StartupError as e:
+    except (StartupError, RuntimeError) as e:
         log.error("%s", e)
         server.stop(0)
         return 2
