@@ -6,49 +6,26 @@ engine is the reference they must match.
 """
 from __future__ import annotations
 
-from collections import deque
 
 import torch
 
-from ssd.engine.sequence import FinishReason, Sequence
+from ssd.engine.base import Engine
+from ssd.engine.sequence import Sequence
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.sampling import SamplingParams, probs_from_logits, sample
 
 
-class AREngine:
+class AREngine(Engine):
     def __init__(self, model: Decoder, max_batch: int = 8, max_len: int | None = None,
                  eos_token_ids: tuple[int, ...] | None = None):
+        super().__init__()
         cfg = model.cfg
         self.model = model
         self.max_len = min(max_len or 2048, cfg.max_position_embeddings)
         self.eos_token_ids = frozenset(cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
+        self.vocab_size = cfg.vocab_size
         self.cache = model.make_cache(max_batch, self.max_len)
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
         self.device = model.embed.device
-
-    def add_request(self, prompt: list[int], params: SamplingParams | None = None) -> Sequence:
-        params = params or SamplingParams()
-        if not prompt:
-            raise ValueError("prompt must contain at least one token")
-        if len(prompt) >= self.max_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens; the maximum sequence length is {self.max_len}")
-        vocab = self.model.cfg.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
-        seq = Sequence(list(prompt), params)
-        self.waiting.append(seq)
-        return seq
-
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    def abort(self, seq: Sequence) -> None:
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        elif seq in self.running:
-            self._finish(seq)
-        seq.finish_reason = seq.finish_reason or FinishReason.ABORT
 
     @torch.inference_mode()
     def step(self) -> list[Sequence]:
@@ -83,11 +60,3 @@ class AREngine:
         self.running.remove(seq)
         self.cache.release(seq.slot)
         seq.slot = -1
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-                 ) -> list[Sequence]:
-        plist = params if isinstance(params, list) else [params] * len(prompts)
-        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
-        while self.has_unfinished():
-            self.step()
-        return seqs

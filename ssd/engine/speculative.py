@@ -14,11 +14,11 @@ target's: greedy outputs equal the AR engine's token for token, sampled outputs 
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from ssd.engine.draft import DraftWorker, Speculation, draft_params_for
-from ssd.engine.sequence import FinishReason, Sequence
+from ssd.engine.base import Engine
+from ssd.engine.sequence import Sequence
 from ssd.engine.stats import SpecStats
 from ssd.engine.target import TargetWorker, VerifyItem
 from ssd.models.decoder import Decoder
@@ -59,55 +59,28 @@ class _Round:
     kind: str = "cache"               # where `spec` came from: cache, jit, ngram, none
 
 
-class SpeculativeEngine:
+class SpeculativeEngine(Engine):
     def __init__(self, target: Decoder, draft: Decoder, spec: SpecConfig | None = None, max_batch: int = 8,
                  max_len: int | None = None, eos_token_ids: tuple[int, ...] | None = None):
+        super().__init__()
         self.spec = spec or SpecConfig()
         cfg = target.cfg
         if draft.cfg.vocab_size != cfg.vocab_size:
             raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's ({cfg.vocab_size})")
         self.max_len = min(max_len or 2048, cfg.max_position_embeddings, draft.cfg.max_position_embeddings)
         self.eos_token_ids = frozenset(cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
+        self.vocab_size = cfg.vocab_size
         self.target = TargetWorker(target, max_batch, self.max_len)
         self.draft = DraftWorker(draft, max_batch, self.max_len, self.spec.k, list(self.spec.fanout))
         self.cache = SpeculationCache()
         self.timings = BackupTimings(k=self.spec.k)
         self.stats = SpecStats()
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
         self._rounds: dict[int, _Round] = {}
 
     def add_request(self, prompt: list[int], params: SamplingParams | None = None) -> Sequence:
-        params = params or SamplingParams()
-        if not prompt:
-            raise ValueError("prompt must contain at least one token")
-        if len(prompt) >= self.max_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens; the maximum sequence length is {self.max_len}")
-        vocab = self.target.model.cfg.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
-        seq = Sequence(list(prompt), params)
+        seq = super().add_request(prompt, params)
         seq.stats = SpecStats()
-        self.waiting.append(seq)
         return seq
-
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    def abort(self, seq: Sequence) -> None:
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        elif seq in self.running:
-            self._finish(seq)
-        seq.finish_reason = seq.finish_reason or FinishReason.ABORT
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-                 ) -> list[Sequence]:
-        plist = params if isinstance(params, list) else [params] * len(prompts)
-        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
-        while self.has_unfinished():
-            self.step()
-        return seqs
 
     def step(self) -> list[Sequence]:
         admitted = self._admit()
