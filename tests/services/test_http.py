@@ -40,12 +40,13 @@ class FakeRequest:
 
 
 class FakeCore:
-    """What Frontend needs of RouterCore: target.ready, max_len, submit, abort."""
+    """What Frontend needs of RouterCore: target.ready, vocab_size, max_len, submit, abort."""
 
     def __init__(self, tok: Tokenizer, ready: bool = True):
         self.target = SimpleNamespace(ready=SimpleNamespace(model_id=MODEL, vocab_size=tok.vocab_size)
                                       if ready else None)
         self.max_len = 8192 if ready else 0
+        self.vocab_size = tok.vocab_size if ready else 0
         self.tokens = tok.encode(TEXT * 400)
         self.delay = 0.0          # seconds between chunks
         self.fail: str | None = None
