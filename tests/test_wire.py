@@ -41,6 +41,8 @@ EXAMPLES = [
     JitResult(batch_id=2, items=[(1, [3, 17], [ROW_A, ROW_B]), (2, [5], None)], elapsed_s=0.002),
     Free(seqs=[1, 2, 2**63 - 1]),
     Error(code="late", message="draft replica 2 is draining", seq=None),
+    wire.Restore(items=[PrefillItem(seq=3, tokens=[1, 2, 3, 42, 7], sampling=SAMPLING)]),
+    wire.Restored(seqs=[3], elapsed_s=0.02),
 ]
 
 
