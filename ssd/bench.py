@@ -17,7 +17,6 @@ from pathlib import Path
 from ssd.client import Client
 from ssd.launcher import Stack, StackConfig
 from ssd.prompts import PROMPTS_BY_KIND
-from ssd.spec.theory import predicted_speedup
 
 MODES = ("ar", "sd", "ssd")
 

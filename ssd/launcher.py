@@ -7,7 +7,6 @@ Ctrl-C leaves no orphans. `Stack` is also what the tests and `ssd bench` use to 
 from __future__ import annotations
 
 import ctypes
-import os
 import signal
 import socket
 import subprocess

@@ -84,3 +84,9 @@ def finish_reason(token: int, params: SamplingParams, eos_token_ids, num_output:
     if num_output >= params.max_tokens or num_total >= max_len:
         return FinishReason.LENGTH
     return None
+
+
+def speculation_room(k: int, params: SamplingParams, num_output: int, num_total: int, max_len: int) -> int:
+    """The most tokens the next speculation may hold: a round commits up to room + 1 tokens, which must not run
+    past max_len nor far past max_tokens."""
+    return max(0, min(k, max_len - num_total - 1, params.max_tokens - num_output - 1))

@@ -28,13 +28,12 @@ Contract
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Sequence
 
 import torch
 from torch import Tensor
 
-from ssd.params import SamplingParams, _is_int, _is_real
+from ssd.params import FinishReason, SamplingParams, finish_reason
 
 __all__ = [
     "SamplingParams",
@@ -189,11 +188,7 @@ def sample_sparse(ids: Tensor, p: Tensor, generator: torch.Generator | None = No
 
 
 def is_stop(token_id: int, params: SamplingParams, eos_token_ids: Collection[int] | int = ()) -> bool:
-    """True when ``token_id`` ends the request: a stop id always, EOS unless ``ignore_eos``."""
-    if token_id in params.stop_token_ids:
-        return True
-    if params.ignore_eos:
-        return False
-    if isinstance(eos_token_ids, int):
-        return token_id == eos_token_ids
-    return token_id in eos_token_ids
+    """True when ``token_id`` ends the request: a stop id always, EOS unless ``ignore_eos`` (the rule of
+    ``ssd.params.finish_reason``, without the length limits)."""
+    eos = (eos_token_ids,) if isinstance(eos_token_ids, int) else eos_token_ids
+    return finish_reason(token_id, params, eos, 0, 0, 1) in (FinishReason.STOP, FinishReason.EOS)

@@ -28,7 +28,6 @@ class WorkerEndpoint:
         self._bound = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{name}-io", daemon=True)
         self.endpoint = ""
-        self.rejected_frames = 0
         self._error: Exception | None = None
 
     def start(self, timeout: float = 10.0) -> str:
@@ -87,7 +86,6 @@ class WorkerEndpoint:
         try:
             msg = wire.decode(frames[1:])
         except wire.WireError as e:
-            self.rejected_frames += 1
             log.warning("%s: rejected a frame from peer %s: %s", self.name, peer.hex(), e)
             sock.send_multipart([peer, *wire.encode(wire.Error("bad_frame", str(e), None))])
             return

@@ -26,7 +26,7 @@ import zmq
 
 from ssd import wire
 from ssd.engine.stats import SpecStats
-from ssd.params import FinishReason, SamplingParams, finish_reason
+from ssd.params import FinishReason, SamplingParams, finish_reason, speculation_room
 from ssd.spec.backup import BackupPolicy, BackupTimings, choose_backup
 from ssd.spec.cache import CacheEntry, LookupReason, SpeculationCache
 from ssd.spec.ngram import ngram_propose
@@ -416,8 +416,8 @@ class RouterCore:
 
     # ---- per-sequence decisions ---------------------------------------------------------------
     def _room(self, req: Request) -> int:
-        n = len(req.prompt) + len(req.output)
-        return max(0, min(req.k or self.k, self.max_len - n - 1, req.params.max_tokens - len(req.output) - 1))
+        return speculation_room(req.k or self.k, req.params, len(req.output), len(req.prompt) + len(req.output),
+                                self.max_len)
 
     def _commit(self, req: Request, tokens: list[int]) -> int:
         n, now = 0, time.monotonic()

@@ -12,7 +12,7 @@ import torch
 from ssd.engine.base import Engine
 from ssd.engine.sequence import Sequence
 from ssd.models.decoder import Decoder, ForwardBatch
-from ssd.sampling import SamplingParams, probs_from_logits, sample
+from ssd.sampling import probs_from_logits, sample
 
 
 class AREngine(Engine):

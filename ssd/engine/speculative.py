@@ -14,7 +14,7 @@ target's: greedy outputs equal the AR engine's token for token, sampled outputs 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ssd.engine.draft import DraftWorker, Speculation, draft_params_for
 from ssd.engine.base import Engine
@@ -22,6 +22,7 @@ from ssd.engine.sequence import Sequence
 from ssd.engine.stats import SpecStats
 from ssd.engine.target import TargetWorker, VerifyItem
 from ssd.models.decoder import Decoder
+from ssd.params import speculation_room
 from ssd.sampling import SamplingParams
 from ssd.spec.backup import BackupPolicy, BackupTimings, choose_backup
 from ssd.spec.cache import LookupReason, SpeculationCache
@@ -140,7 +141,7 @@ class SpeculativeEngine(Engine):
 
     def _room(self, s: Sequence) -> int:
         """The most tokens a speculation may hold: never past max_len nor far past max_tokens."""
-        return max(0, min(self.spec.k, self.max_len - s.num_tokens - 1, s.params.max_tokens - len(s.output) - 1))
+        return speculation_room(self.spec.k, s.params, len(s.output), s.num_tokens, self.max_len)
 
     def _next_from_cache(self, s: Sequence, st: _Round, j: int, t: int) -> None:
         st.spec, st.kind = None, "cache"
