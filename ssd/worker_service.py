@@ -37,6 +37,7 @@ class WorkerConfig:
     redis_url: str = field(default="", metadata={"help": "register in this Redis worker registry (empty = no)"})
     advertise_address: str = field(default="", metadata={"help": "data address routers should use "
                                                                   "(default: the bound one)"})
+    tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks of this target (1 = off)"})
 
 
 def setup_process(cfg: WorkerConfig, role: str) -> None:
@@ -101,6 +102,10 @@ def wait_drained(handler: Handler, grace: float) -> int:
 def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, handler_cls,
                k: int = 0, fanout: list[int] | None = None) -> int:
     """Serve one worker process: `build(model)` makes the role's worker, `handler_cls(worker, endpoint)` its logic."""
+    if cfg.tp_size != 1:
+        log.error("tensor parallelism (--tp-size %d) is not available yet in this build; run with --tp-size 1",
+                  cfg.tp_size)
+        return 2
     from ssd.models.loader import load_model
     from ssd.tokenizer import Tokenizer
 
