@@ -113,7 +113,7 @@ def test_healthcheck_finds_the_port_of_the_running_service(healthcheck, argv, en
     assert healthcheck.health_port(argv, env) == port
 
 
-def test_healthcheck_reports_serving_from_a_real_health_server(healthcheck, monkeypatch):
+def test_healthcheck_reports_serving_from_a_real_health_server(healthcheck, monkeypatch, capsys):
     import grpc
     from concurrent import futures
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -127,7 +127,9 @@ def test_healthcheck_reports_serving_from_a_real_health_server(healthcheck, monk
         monkeypatch.setattr(healthcheck, "health_port", lambda argv, env: port)
         servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         assert healthcheck.main() == 1
+        assert f"port {port}: NOT_SERVING" in capsys.readouterr().out
         servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         assert healthcheck.main() == 0
+        assert f"port {port}: SERVING" in capsys.readouterr().out
     finally:
         server.stop(0)
