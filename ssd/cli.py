@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--pin", action="store_true", help="pin the target to CPU 0 and drafts to CPU 1, one thread each")
     up.add_argument("--demo", default=None, metavar="PROMPT", help="run one generation, print its stats, stop")
 
+    up.add_argument("--routers", type=int, default=1, help="routers sharing the workers (needs --state-redis-url)")
+    up.add_argument("--state-redis-url", default="", help="the routers' request-state Redis (resumable streams)")
     b = sub.add_parser("bench", help="AR, SD and SSD through real processes; writes bench/results/ssd.json")
     b.add_argument("--new-tokens", type=int, default=256)
     b.add_argument("--prompts", type=int, default=16)
@@ -133,7 +135,11 @@ def cmd_up(args) -> int:
     from ssd.models.prepare import prepare_default_models
 
     prepare_default_models(args.models_dir, log=lambda *a: None)
-    cfg = StackConfig(mode=args.mode, drafts=args.drafts, targets=args.targets, models_dir=args.models_dir, grpc_port=args.port,
+    if args.routers > 1 and not args.state_redis_url:
+        print("ssd up: --routers > 1 needs --state-redis-url (the routers share request state)", file=sys.stderr)
+        return 2
+    cfg = StackConfig(mode=args.mode, drafts=args.drafts, targets=args.targets, routers=args.routers,
+                      state_redis_url=args.state_redis_url, models_dir=args.models_dir, grpc_port=args.port,
                       http_port=args.http_port, k=args.k,
                       backup=args.backup, target_cpus="0" if args.pin else "", draft_cpus="1" if args.pin else "",
                       threads=1 if args.pin else 0)
@@ -142,10 +148,10 @@ def cmd_up(args) -> int:
           file=sys.stderr)
     try:
         stack.start()
-        print(f"ready: gRPC {stack.grpc_address}, OpenAI HTTP http://{stack.http_address}/v1, "
+        print(f"ready: gRPC {','.join(stack.grpc_addresses)}, OpenAI HTTP http://{stack.http_address}/v1, "
               f"metrics http://{stack.http_address}/metrics", file=sys.stderr)
         if args.demo:
-            with Client(stack.grpc_address) as client:
+            with Client(stack.grpc_addresses) as client:
                 result = print_stream(client.stream(args.demo, chat=True, max_tokens=128))
                 report(result, args.mode)
             return 0

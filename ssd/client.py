@@ -5,8 +5,15 @@ Contract (one surface; AsyncClient's methods are awaited and its stream is `asyn
   then exactly one `Result`. Also `abort(request_id) -> bool`, `model_info()`, `server_info()`, `close()`,
   `with` / `async with`. Options are the GenerateRequest fields (see `build_request`) plus `timeout`: the
   call's gRPC deadline in seconds (default: the client's), spanning all of its retries.
-- UNAVAILABLE is retried (exponential backoff with jitter) only where no output can be duplicated: the unary
-  RPCs, and Generate before its first response. Anything else raises at once.
+- UNAVAILABLE is retried (exponential backoff with jitter) without ever duplicating output: the unary RPCs
+  are retried as they are; a Generate stream is retried as a *resumption* (`resume_from` = the tokens already
+  received, with the request_id the SDK gave the request), so a router that dies mid-stream costs nothing:
+  the next router (another address given, or another pod behind the same Service) continues the journaled
+  request and the concatenated stream equals an uninterrupted one. Routers without request state refuse a
+  resumption after the first token; the SDK then raises UnavailableError saying so. Anything else raises at
+  once. `max_retries` bounds consecutive failures (a retry that made progress resets it); `max_resumes`
+  bounds how often one stream is resumed after it had output.
+- `address` may list several routers ("host1:port,host2:port" or a list): a failure moves to the next one.
 - Every failure is an `SSDError` subclass, mapped from grpc.RpcError in `to_error` alone; a malformed request
   is refused before sending with `InvalidRequestError` naming the field, as the router would.
 - `api_key` is sent as metadata `authorization: Bearer <key>`; `root_certificates` (or `tls=True`) means TLS.
@@ -25,6 +32,7 @@ import asyncio
 import itertools
 import random
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterator
 
@@ -180,23 +188,40 @@ def build_request(prompt: str | list[int] | list[dict] | None = None, *, chat: b
 
 
 class _Base:
-    """Configuration, channel and retry policy shared by Client and AsyncClient."""
+    """Configuration, channels and retry policy shared by Client and AsyncClient."""
     _grpc = grpc
 
-    def __init__(self, address: str = "127.0.0.1:50051", timeout: float | None = None, *,
+    def __init__(self, address: str | list[str] = "127.0.0.1:50051", timeout: float | None = None, *,
                  api_key: str | None = None, root_certificates: bytes | None = None, tls: bool = False,
-                 max_retries: int = 3, backoff_base: float = 0.1, backoff_cap: float = 2.0,
+                 max_retries: int = 3, max_resumes: int = 8, backoff_base: float = 0.1, backoff_cap: float = 2.0,
                  channel_options: tuple = ()):
-        self.address, self.timeout = address, timeout
-        self.max_retries, self.backoff_base, self.backoff_cap = max_retries, backoff_base, backoff_cap
+        addresses = [a.strip() for a in (address.split(",") if isinstance(address, str) else address) if a.strip()]
+        if not addresses:
+            raise ValueError("address: give at least one router address (host:port)")
+        self.addresses, self.timeout = addresses, timeout
+        self.address = addresses[0]
+        self.max_retries, self.max_resumes = max_retries, max_resumes
+        self.backoff_base, self.backoff_cap = backoff_base, backoff_cap
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
         options = list(channel_options)
-        if tls or root_certificates is not None:
-            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-            self._channel = self._grpc.secure_channel(address, creds, options)
-        else:
-            self._channel = self._grpc.insecure_channel(address, options)
-        self._stub = pb_grpc.GenerationStub(self._channel)
+        self._channels = []
+        for a in addresses:
+            if tls or root_certificates is not None:
+                creds = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+                self._channels.append(self._grpc.secure_channel(a, creds, options))
+            else:
+                self._channels.append(self._grpc.insecure_channel(a, options))
+        self._stubs = [pb_grpc.GenerationStub(c) for c in self._channels]
+        self._current = 0
+
+    @property
+    def _stub(self) -> pb_grpc.GenerationStub:
+        return self._stubs[self._current]
+
+    def _failover(self) -> None:
+        """The next router address (round robin) after an UNAVAILABLE."""
+        self._current = (self._current + 1) % len(self._stubs)
+        self.address = self.addresses[self._current]
 
     def _deadline(self, timeout: float | None) -> float | None:
         timeout = self.timeout if timeout is None else timeout
@@ -206,15 +231,32 @@ class _Base:
     def _remaining(deadline: float | None) -> float | None:
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-    def _backoff(self, e: grpc.RpcError, attempt: int, received: bool, deadline: float | None) -> float:
+    def _backoff(self, e: grpc.RpcError, attempt: int, deadline: float | None) -> float:
         """Seconds to wait before retrying after `e`; raises it as an SSDError when a retry is not safe or due."""
         err = to_error(e)
-        if isinstance(err, UnavailableError) and not received and attempt < self.max_retries:
+        if isinstance(err, UnavailableError) and attempt < self.max_retries:
             ceiling = min(self.backoff_cap, self.backoff_base * 2 ** attempt)
             delay = ceiling / 2 + random.uniform(0, ceiling / 2)
             if deadline is None or time.monotonic() + delay < deadline:
+                self._failover()
                 return delay
         raise err from e
+
+    @staticmethod
+    def _prepare(request: pb.GenerateRequest) -> pb.GenerateRequest:
+        """The request with an id of the SDK's choosing when it has none (a resumption names its stream)."""
+        if not request.request_id:
+            request.request_id = uuid.uuid4().hex
+        return request
+
+    def _resume_error(self, e: grpc.RpcError, broken: SSDError | None, result: Result):
+        """After a failed resumption: the error to raise, or None to go on retrying."""
+        err = to_error(e)
+        if broken is not None and err.code in ("FAILED_PRECONDITION", "NOT_FOUND"):
+            return UnavailableError("UNAVAILABLE", f"{broken.details}; the stream broke after "
+                                                   f"{len(result.token_ids)} tokens and cannot be resumed: "
+                                                   f"{err.details}")
+        return None
 
 
 class Client(_Base):
@@ -224,9 +266,9 @@ class Client(_Base):
         deadline = self._deadline(timeout)
         for attempt in itertools.count():
             try:
-                return method(request, timeout=self._remaining(deadline), metadata=self._metadata)
+                return method(self._stub)(request, timeout=self._remaining(deadline), metadata=self._metadata)
             except grpc.RpcError as e:
-                delay = self._backoff(e, attempt, False, deadline)
+                delay = self._backoff(e, attempt, deadline)
             time.sleep(delay)
 
     def stream(self, prompt=None, *, timeout: float | None = None, **options) -> Iterator[Delta | Result]:
@@ -234,18 +276,26 @@ class Client(_Base):
         return self._stream(build_request(prompt, **options), timeout)
 
     def _stream(self, request: pb.GenerateRequest, timeout: float | None) -> Iterator[Delta | Result]:
-        deadline = self._deadline(timeout)
-        for attempt in itertools.count():
-            result, received = Result(), False
+        deadline, request = self._deadline(timeout), self._prepare(request)
+        result, broken, attempt, resumes = Result(), None, 0, 0
+        while True:
+            progressed = False
             call = self._stub.Generate(request, timeout=self._remaining(deadline), metadata=self._metadata)
             try:
                 for resp in call:
-                    received = True
+                    progressed = True
                     if (delta := result.add(resp)) is not None:
                         yield delta
                 break
             except grpc.RpcError as e:
-                delay = self._backoff(e, attempt, received, deadline)
+                if (err := self._resume_error(e, broken, result)) is not None:
+                    raise err from e
+                if progressed:
+                    attempt, resumes = 0, resumes + 1
+                delay = self._backoff(e, attempt if resumes <= self.max_resumes else self.max_retries, deadline)
+                attempt += 1
+                broken = to_error(e)
+                request.resume_from = len(result.token_ids)
             finally:
                 call.cancel()
             time.sleep(delay)
@@ -259,16 +309,17 @@ class Client(_Base):
 
     def abort(self, request_id: str, *, timeout: float | None = None) -> bool:
         """True when the request was still running (or queued) and is now aborted."""
-        return self._unary(self._stub.Abort, pb.AbortRequest(request_id=request_id), timeout).found
+        return self._unary(lambda stub: stub.Abort, pb.AbortRequest(request_id=request_id), timeout).found
 
     def model_info(self, *, timeout: float | None = None) -> pb.ModelInfo:
-        return self._unary(self._stub.GetModelInfo, pb.ModelInfoRequest(), timeout)
+        return self._unary(lambda stub: stub.GetModelInfo, pb.ModelInfoRequest(), timeout)
 
     def server_info(self, *, timeout: float | None = None) -> pb.ServerInfo:
-        return self._unary(self._stub.GetServerInfo, pb.ServerInfoRequest(), timeout)
+        return self._unary(lambda stub: stub.GetServerInfo, pb.ServerInfoRequest(), timeout)
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels:
+            channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -285,9 +336,9 @@ class AsyncClient(_Base):
         deadline = self._deadline(timeout)
         for attempt in itertools.count():
             try:
-                return await method(request, timeout=self._remaining(deadline), metadata=self._metadata)
+                return await method(self._stub)(request, timeout=self._remaining(deadline), metadata=self._metadata)
             except grpc.RpcError as e:
-                delay = self._backoff(e, attempt, False, deadline)
+                delay = self._backoff(e, attempt, deadline)
             await asyncio.sleep(delay)
 
     def stream(self, prompt=None, *, timeout: float | None = None, **options) -> AsyncIterator[Delta | Result]:
@@ -295,18 +346,26 @@ class AsyncClient(_Base):
         return self._stream(build_request(prompt, **options), timeout)
 
     async def _stream(self, request: pb.GenerateRequest, timeout: float | None) -> AsyncIterator[Delta | Result]:
-        deadline = self._deadline(timeout)
-        for attempt in itertools.count():
-            result, received = Result(), False
+        deadline, request = self._deadline(timeout), self._prepare(request)
+        result, broken, attempt, resumes = Result(), None, 0, 0
+        while True:
+            progressed = False
             call = self._stub.Generate(request, timeout=self._remaining(deadline), metadata=self._metadata)
             try:
                 async for resp in call:
-                    received = True
+                    progressed = True
                     if (delta := result.add(resp)) is not None:
                         yield delta
                 break
             except grpc.RpcError as e:
-                delay = self._backoff(e, attempt, received, deadline)
+                if (err := self._resume_error(e, broken, result)) is not None:
+                    raise err from e
+                if progressed:
+                    attempt, resumes = 0, resumes + 1
+                delay = self._backoff(e, attempt if resumes <= self.max_resumes else self.max_retries, deadline)
+                attempt += 1
+                broken = to_error(e)
+                request.resume_from = len(result.token_ids)
             finally:
                 call.cancel()
             await asyncio.sleep(delay)
@@ -319,16 +378,17 @@ class AsyncClient(_Base):
         return item
 
     async def abort(self, request_id: str, *, timeout: float | None = None) -> bool:
-        return (await self._unary(self._stub.Abort, pb.AbortRequest(request_id=request_id), timeout)).found
+        return (await self._unary(lambda stub: stub.Abort, pb.AbortRequest(request_id=request_id), timeout)).found
 
     async def model_info(self, *, timeout: float | None = None) -> pb.ModelInfo:
-        return await self._unary(self._stub.GetModelInfo, pb.ModelInfoRequest(), timeout)
+        return await self._unary(lambda stub: stub.GetModelInfo, pb.ModelInfoRequest(), timeout)
 
     async def server_info(self, *, timeout: float | None = None) -> pb.ServerInfo:
-        return await self._unary(self._stub.GetServerInfo, pb.ServerInfoRequest(), timeout)
+        return await self._unary(lambda stub: stub.GetServerInfo, pb.ServerInfoRequest(), timeout)
 
     async def close(self) -> None:
-        await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

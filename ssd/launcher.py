@@ -47,6 +47,8 @@ class StackConfig:
     threads: int = 0
     log_dir: Path | None = None        # service logs (default: inherit stderr)
     redis_url: str = ""                # workers register there and the router discovers them (else static)
+    routers: int = 1                   # routers sharing the workers (more than one needs state_redis_url)
+    state_redis_url: str = ""          # the routers' request-state journal (resumable streams)
     extra: dict[str, list[str]] = field(default_factory=dict)  # more flags per role
 
 
@@ -54,10 +56,16 @@ class Stack:
     def __init__(self, cfg: StackConfig):
         self.cfg = cfg
         self.procs: dict[str, subprocess.Popen] = {}
-        self.grpc_address = f"127.0.0.1:{cfg.grpc_port or free_port()}"
+        if cfg.routers > 1 and not cfg.state_redis_url:
+            raise ValueError("several routers need a request-state Redis (state_redis_url)")
+        self.grpc_addresses = [f"127.0.0.1:{(cfg.grpc_port if i == 0 else 0) or free_port()}"
+                               for i in range(cfg.routers)]
+        self.grpc_address = self.grpc_addresses[0]
         self.target_data = [f"tcp://127.0.0.1:{free_port()}" for _ in range(cfg.targets)]
         self.draft_data = [f"tcp://127.0.0.1:{free_port()}" for _ in range(cfg.drafts if cfg.mode != "ar" else 0)]
-        self.http_address = f"127.0.0.1:{cfg.http_port or free_port()}"
+        self.http_addresses = [f"127.0.0.1:{(cfg.http_port if i == 0 else 0) or free_port()}"
+                               for i in range(cfg.routers)]
+        self.http_address = self.http_addresses[0]
         self.target_control = [f"127.0.0.1:{free_port()}" for _ in self.target_data]
         self.draft_control = [f"127.0.0.1:{free_port()}" for _ in self.draft_data]
         self._logs = []
@@ -100,22 +108,29 @@ class Stack:
             self.start_target(i)
         for i in range(len(self.draft_data)):
             self.start_draft(i)
-        args = ["router", "--grpc-address", self.grpc_address, "--http-address", self.http_address,
+        for i in range(c.routers):
+            self.start_router(i, timeout)
+        deadline = time.monotonic() + timeout
+        for address in self.grpc_addresses:
+            while not wait_serving(address, timeout=1.0):
+                dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+                if dead or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"the stack did not become ready (exited: {dead or 'none'}; "
+                                       f"timeout {timeout:.0f} s); see the service logs")
+        return self
+
+    def start_router(self, i: int = 0, timeout: float = 180.0) -> None:
+        c = self.cfg
+        args = ["router", "--grpc-address", self.grpc_addresses[i], "--http-address", self.http_addresses[i],
                 "--targets", ",".join(self.target_data),
                 "--drafts", ",".join(self.draft_data), "--mode", c.mode, "--backup", c.backup,
                 "--max-batch", str(c.max_batch), "--ready-timeout", str(timeout)]
         args += (["--models-dir", str(c.models_dir)] if c.models_dir else [])
         args += (["--model", str(c.target_model)] if c.target_model else [])
         args += (["--discovery", "redis", "--redis-url", c.redis_url] if c.redis_url else [])
-        self._spawn("router", args + c.extra.get("router", []))
-        deadline = time.monotonic() + timeout
-        while not wait_serving(self.grpc_address, timeout=1.0):
-            dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
-            if dead or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the stack did not become ready (exited: {dead or 'none'}; "
-                                   f"timeout {timeout:.0f} s); see the service logs")
-        return self
+        args += (["--state-redis-url", c.state_redis_url, "--router-id", f"router{i}"] if c.state_redis_url else [])
+        self._spawn(f"router{i}" if i else "router", args + c.extra.get("router", []))
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         self.procs[name].send_signal(sig)

@@ -31,7 +31,8 @@ class FakeServicer(pb_grpc.GenerationServicer):
         self.requests, self.metadata, self.aborts = [], [], []
         self.calls = 0
         self.fail_first, self.fail_code, self.fail_details = 0, grpc.StatusCode.UNAVAILABLE, "router starting"
-        self.fail_after_first = False
+        self.fail_after_first = False  # True: every call fails after its first response; an int n: the first n
+        self.resumable = False         # whether it honours resume_from (a router with request state)
         self.script, self.stall_s = SCRIPT, 0.0
 
     def _record(self, request, context) -> None:
@@ -46,8 +47,17 @@ class FakeServicer(pb_grpc.GenerationServicer):
         end = time.monotonic() + self.stall_s
         while context.is_active() and time.monotonic() < end:
             time.sleep(0.01)
-        for i, resp in enumerate(self.script):
-            if i == 1 and self.fail_after_first:
+        script, skip = self.script, request.resume_from if request.HasField("resume_from") else 0
+        if skip:
+            if not self.resumable:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this router keeps no request state")
+            counts = [0]
+            for resp in script:
+                counts.append(counts[-1] + len(resp.token_ids))
+            script = script[counts.index(skip):]  # the fake resumes at response boundaries only
+        fail = self.fail_after_first is True or self.calls <= int(self.fail_after_first)
+        for i, resp in enumerate(script):
+            if i == 1 and fail:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "worker lost")
             yield resp
 
@@ -152,13 +162,53 @@ def test_invalid_argument_is_not_retried(fake):
     assert (err.value.code, err.value.details) == ("INVALID_ARGUMENT", "max_tokens: too big")
 
 
-def test_unavailable_after_the_first_response_is_not_retried(fake):
+def test_unavailable_after_the_first_response_resumes_only_where_the_router_keeps_state(fake):
     fake.fail_after_first = True
     seen = []
-    with client(fake) as c, pytest.raises(UnavailableError, match="worker lost"):
+    with client(fake) as c, pytest.raises(UnavailableError, match="worker lost.*cannot be resumed") as err:
         for item in c.stream("hi"):
             seen.append(item)
-    assert fake.calls == 1 and seen == [Delta([5, 6], "Hel")]
+    assert fake.calls == 2 and seen == [Delta([5, 6], "Hel")] and "after 2 tokens" in err.value.details
+    first, second = fake.requests
+    assert first.request_id and second.request_id == first.request_id  # the SDK named the stream
+    assert not first.HasField("resume_from") and second.resume_from == 2
+
+
+def test_a_broken_stream_is_resumed_without_repeating_a_token(fake):
+    fake.fail_after_first, fake.resumable = 2, True  # the first two calls break after their first response
+    with client(fake) as c:
+        items = list(c.stream("hi"))
+    assert [i.token_ids for i in items[:-1]] == [[5, 6], [7], [8]] and items[-1].text == "Hello!"
+    assert [r.resume_from for r in fake.requests[1:]] == [2, 3] and fake.calls == 3
+
+
+def test_resuming_a_stream_that_keeps_breaking_stops_after_max_resumes(fake):
+    fake.fail_after_first, fake.script = True, [pb.GenerateResponse(token_ids=[i]) for i in range(20)]
+    fake.resumable = True
+    with client(fake, max_resumes=3) as c, pytest.raises(UnavailableError, match="worker lost"):
+        c.generate("hi")
+    assert fake.calls == 4
+
+
+def test_several_addresses_fail_over_to_the_next_router():
+    servers, fakes = [], []
+    for _ in range(2):
+        f = FakeServicer()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_GenerationServicer_to_server(f, server)
+        f.address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        server.start()
+        servers.append(server)
+        fakes.append(f)
+    fakes[0].fail_after_first, fakes[1].resumable = True, True
+    try:
+        with Client(f"{fakes[0].address},{fakes[1].address}", backoff_base=0.01) as c:
+            r = c.generate("hi")
+        assert r.token_ids == [5, 6, 7, 8] and r.text == "Hello!"
+        assert fakes[0].calls == 1 and fakes[1].calls == 1 and fakes[1].requests[0].resume_from == 2
+    finally:
+        for server in servers:
+            server.stop(None).wait()
 
 
 @pytest.mark.parametrize("code, error", [(grpc.StatusCode.UNAUTHENTICATED, AuthenticationError),
@@ -210,6 +260,8 @@ def test_async_client_has_the_same_behaviour(fake):
     assert items[-1].finish_reason == "length" and result.text == "Hello!" and result.request_id == "r1"
     assert info.model_id == "fake-target" and found == (True, False)
     first, second = fake.requests[1], fake.requests[2]  # requests[0] failed with UNAVAILABLE and was retried
+    assert first.HasField("resume_from") and first.resume_from == 0  # a retry is a resumption from 0 tokens
+    first.ClearField("resume_from")
     assert first == fake.requests[0] and first.chat.messages[0].content == "hi" and first.sampling.seed == 7
     assert (list(first.stop), first.speculation.mode) == (["x"], "ar")
     assert list(second.token_ids.ids) == [1, 2] and second.request_id == "a-1"
@@ -225,7 +277,14 @@ def test_async_client_errors_and_retry_safety(fake):
         return err.value
 
     fake.fail_after_first = True
-    assert asyncio.run(expect(UnavailableError)).details == "worker lost" and fake.calls == 1
+    assert "worker lost" in asyncio.run(expect(UnavailableError)).details and fake.calls == 2
+    fake.fail_after_first, fake.resumable, fake.calls, fake.requests = 1, True, 0, []
+
+    async def resumed():
+        async with AsyncClient(fake.address, backoff_base=0.01) as c:
+            return await c.generate("hi")
+    assert asyncio.run(resumed()).token_ids == [5, 6, 7, 8] and fake.requests[1].resume_from == 2
+    fake.resumable = False
     fake.fail_after_first, fake.calls, fake.fail_first = False, 0, 100
     asyncio.run(expect(UnavailableError))
     assert fake.calls == 4

@@ -138,7 +138,9 @@ class RouterCore:
 
     # ---- called from other threads ------------------------------------------------------------
     def submit(self, rid: str, prompt: list[int], params: SamplingParams, mode: str = "", k: int = 0,
-               deadline: float | None = None, events=None) -> Request:
+               deadline: float | None = None, events=None, replace: bool = False) -> Request:
+        """Queues a request. `replace`: a running request with the same id is aborted and this one takes its
+        id (a client resuming its own stream on this router)."""
         mode = mode or self.cfg.mode
         if mode not in ("ar", "sd", "ssd"):
             raise ValueError(f"speculation.mode: must be ar, sd or ssd, got {mode!r}")
@@ -147,8 +149,11 @@ class RouterCore:
         if k < 0 or (k and k > self.k):
             raise ValueError(f"speculation.k: must be in 0..{self.k} (the draft's K), got {k}")
         with self._lock:
-            if rid in self._by_rid:
+            old = self._by_rid.get(rid)
+            if old is not None and not replace:
                 raise ValueError(f"request_id: {rid!r} is already running")
+            if old is not None:
+                self.abort(old)
             req = Request(rid, next(self._seqs), list(prompt), params, events or queue.Queue(), mode, k, deadline)
             self._by_rid[rid] = req
         self._incoming.put(req)

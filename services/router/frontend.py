@@ -9,12 +9,14 @@ match the request is aborted in the engine (its KV freed everywhere) and ends wi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 import uuid
 from dataclasses import dataclass, field
 
-from ssd.params import FinishReason, SamplingParams
+from ssd.params import FinishReason, SamplingParams, finish_reason
+from ssd.engine.stats import SpecStats
 from ssd.tokenizer import Tokenizer
 from services.router.core import RouterCore
 
@@ -41,12 +43,17 @@ class GenerationRequest:
     mode: str = ""
     k: int = 0
     deadline: float | None = None
+    resumed: list[int] = field(default_factory=list)  # committed tokens from the journal (a resumed request)
+    skip: int = 0                                      # how many of them the client already has
+    finished: FinishReason | None = None               # the journal's finish reason, if it has one
+    epoch: int = 0                                     # the journal epoch this router holds (0: no journal)
 
 
 @dataclass(slots=True)
 class Delta:
     token_ids: list[int]
     text: str
+    journaled: bool = False  # already in the request journal (the replayed part of a resumed stream)
 
 
 @dataclass(slots=True)
@@ -150,15 +157,47 @@ class Frontend:
         deadline = time.monotonic() + timeout_s if timeout_s is not None else None
         return GenerationRequest(request_id or uuid.uuid4().hex, ids, params, stop, mode, k, deadline)
 
-    def _submit(self, g: GenerationRequest, events=None):
-        return self.core.submit(g.request_id, g.prompt, g.params, g.mode, g.k, g.deadline, events)
+    @staticmethod
+    def journal_params(g: GenerationRequest) -> dict:
+        """What the request journal keeps of a request besides its prompt (JSON-able)."""
+        p = g.params
+        return {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p, "seed": p.seed,
+                "max_tokens": p.max_tokens, "stop_token_ids": list(p.stop_token_ids), "ignore_eos": p.ignore_eos,
+                "stop": list(g.stop), "mode": g.mode, "k": g.k}
 
-    def _final(self, req, out: _Output, reason: FinishReason, error: str | None = None) -> Final:
+    def resumed(self, record, skip: int, timeout_s: float | None = None) -> GenerationRequest:
+        """The request a journal record describes, continuing after its committed tokens; the client has the
+        first `skip` of them."""
+        p = dict(record.params)
+        stop, mode, k = tuple(p.pop("stop")), p.pop("mode"), p.pop("k")
+        params = SamplingParams(**{**p, "stop_token_ids": tuple(p["stop_token_ids"])})
+        deadline = time.monotonic() + timeout_s if timeout_s is not None else None
+        finished = FinishReason(record.finish) if record.finish else None
+        return GenerationRequest(record.request_id, list(record.prompt), params, stop, mode, k, deadline,
+                                 list(record.tokens), skip, finished, record.epoch)
+
+    def _done_before(self, g: GenerationRequest) -> FinishReason | None:
+        """Whether the journaled tokens of a resumed request already end it."""
+        if g.finished is not None or not g.resumed:
+            return g.finished
+        n = len(g.resumed)
+        return finish_reason(g.resumed[-1], g.params, self.core.eos, n, len(g.prompt) + n, self.core.max_len)
+
+    def _submit(self, g: GenerationRequest, events=None):
+        if not g.epoch:  # not journaled: a fresh request
+            return self.core.submit(g.request_id, g.prompt, g.params, g.mode, g.k, g.deadline, events)
+        params = dataclasses.replace(g.params, max_tokens=g.params.max_tokens - len(g.resumed))
+        return self.core.submit(g.request_id, g.prompt + g.resumed, params, g.mode, g.k, g.deadline, events,
+                                replace=g.epoch > 1)
+
+    def _final(self, req, out: _Output, reason: FinishReason, error: str | None = None,
+               g: GenerationRequest | None = None) -> Final:
         now = time.monotonic()
-        return Final(reason, out.tail(), len(req.prompt), out.emitted_tokens, req.stats,
+        prompt = len(req.prompt) - (len(g.resumed) if g is not None else 0)
+        return Final(reason, out.tail(), prompt, out.emitted_tokens, req.stats,
                      (req.first_token_at or now) - req.arrival, now - req.arrival, req.mode, error)
 
-    def _handle(self, req, out: _Output, event) -> Delta | Final | None:
+    def _handle(self, req, out: _Output, event, g: GenerationRequest) -> Delta | Final | None:
         kind, payload = event
         if kind == "tokens":
             delta = out.push(payload)
@@ -166,21 +205,36 @@ class Frontend:
                 self.core.abort(req, FinishReason.STOP_STRING)
             return delta
         if kind == "done":
-            return self._final(req, out, payload)
-        return self._final(req, out, FinishReason.ERROR, payload)
+            return self._final(req, out, payload, g=g)
+        return self._final(req, out, FinishReason.ERROR, payload, g=g)
+
+    def _replay(self, g: GenerationRequest, out: _Output):
+        """A resumed request's journaled tokens the client lacks (one Delta), and its Final if they end it."""
+        out.push(g.resumed[:g.skip])  # what the client has: text emitted so far is a function of these tokens
+        delta = out.push(g.resumed[g.skip:]) if g.skip < len(g.resumed) else None
+        if delta is not None:
+            delta.journaled = True
+            yield delta
+        reason = FinishReason.STOP_STRING if out.stopped else self._done_before(g)
+        if reason is not None:
+            yield Final(reason, out.tail(), len(g.prompt), out.emitted_tokens, SpecStats(), 0.0, 0.0, g.mode or "")
 
     def stream(self, g: GenerationRequest, on_start=None):
         """Yields Delta... then one Final (blocking; for gRPC handler threads)."""
+        out = _Output(self.tok, g.stop)
+        for item in self._replay(g, out):
+            yield item
+            if isinstance(item, Final):
+                return
         req = self._submit(g)
         if on_start is not None:
             on_start(req)
-        out = _Output(self.tok, g.stop)
         while True:
-            item = self._handle(req, out, req.events.get())
+            item = self._handle(req, out, req.events.get(), g)
             if item is not None:
                 yield item
             if out.stopped:
-                yield self._final(req, out, FinishReason.STOP_STRING)
+                yield self._final(req, out, FinishReason.STOP_STRING, g=g)
                 return
             if isinstance(item, Final):
                 return
@@ -193,11 +247,11 @@ class Frontend:
         out = _Output(self.tok, g.stop)
         try:
             while True:
-                item = self._handle(req, out, await q.get())
+                item = self._handle(req, out, await q.get(), g)
                 if item is not None:
                     yield item
                 if out.stopped:
-                    yield self._final(req, out, FinishReason.STOP_STRING)
+                    yield self._final(req, out, FinishReason.STOP_STRING, g=g)
                     return
                 if isinstance(item, Final):
                     return

@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 
 from ssd.control import ControlServer
+from ssd.journal import Fenced, JournalError, JournalUnavailable, RequestJournal, fingerprint
 from ssd.params import FinishReason
 from ssd.pb import generation_pb2 as pb
 from ssd.pb import generation_pb2_grpc as pb_grpc
@@ -60,6 +61,13 @@ class RouterConfig:
     draft_top_k: int = field(default=32, metadata={"help": "sampling: support size of the draft's proposals"})
     saguaro_c: float = field(default=1.0, metadata={"help": "Saguaro reshaping factor C (1 = off)"})
     ready_timeout: float = field(default=180.0, metadata={"help": "seconds to wait for the workers at start"})
+    state_redis_url: str = field(default="", metadata={
+        "help": "Redis URL of the request-state journal: streams survive a router failure and several routers "
+                "can serve behind one Service (empty = off)"})
+    state_ttl: int = field(default=3600, metadata={"help": "seconds a request's state is kept after its last write"})
+    state_retry: float = field(default=5.0, metadata={
+        "help": "seconds a request-state write is retried while Redis is unreachable before the stream fails"})
+    router_id: str = field(default="", metadata={"help": "this router's name in the journal (default host:pid)"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
 
 
@@ -82,26 +90,90 @@ def stats_pb(st, mode: str) -> pb.SpeculationStats:
                                cache_misses=sum(v for k, v in st.cache.items() if k != "hit"), mode=mode)
 
 
+def request_fingerprint(request) -> str:
+    """What must match between a request and its resumption: everything but request_id and resume_from."""
+    copy = pb.GenerateRequest()
+    copy.CopyFrom(request)
+    copy.ClearField("request_id")
+    copy.ClearField("resume_from")
+    return fingerprint(copy.SerializeToString(deterministic=True))
+
+
+# Finish reasons after which a journaled stream is over; after the others (an error, a dropped client) it can
+# still be resumed.
+FINAL = frozenset({FinishReason.STOP, FinishReason.EOS, FinishReason.LENGTH, FinishReason.STOP_STRING,
+                   FinishReason.ABORT, FinishReason.TIME_LIMIT})
+
+
 class GenerationServicer(pb_grpc.GenerationServicer):
-    def __init__(self, frontend: Frontend, cfg: RouterConfig):
-        self.frontend, self.core, self.cfg = frontend, frontend.core, cfg
+    def __init__(self, frontend: Frontend, cfg: RouterConfig, journal: RequestJournal | None = None):
+        self.frontend, self.core, self.cfg, self.journal = frontend, frontend.core, cfg, journal
+
+    def _start(self, request, context, timeout: float | None):
+        """The request to run: a resumed one from the journal, or a new one (journaled when state is on)."""
+        j = self.journal
+        if request.HasField("resume_from"):
+            rid = request.request_id
+            if not rid:
+                raise ValueError("request_id: a resumed request needs the request_id of the stream")
+            if j is None and request.resume_from > 0:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"this router keeps no request state (--state-redis-url), so request {rid!r} cannot "
+                              f"be resumed")
+            record = j.claim(rid) if j is not None else None
+            if record is None and request.resume_from > 0:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"no request state for request_id {rid!r}: it finished "
+                              f"long ago, expired, or the state store lost it")
+            if record is not None:
+                if record.fingerprint != request_fingerprint(request):
+                    raise ValueError(f"resume_from: the request differs from the journaled request {rid!r}")
+                if request.resume_from > len(record.tokens):
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"resume_from: {request.resume_from} tokens received but the journal of {rid!r} "
+                                  f"holds {len(record.tokens)}: the state store lost data")
+                log.info("resuming %s after %d tokens (%d journaled, epoch %d)", rid, request.resume_from,
+                         len(record.tokens), record.epoch)
+                return self.frontend.resumed(record, request.resume_from, timeout)
+        g = self.frontend.build(**request_fields(request), timeout_s=timeout)
+        if j is not None:
+            g.epoch = j.begin(g.request_id, g.prompt, Frontend.journal_params(g), request_fingerprint(request))
+        return g
 
     def Generate(self, request, context):
         if self.core.max_len == 0:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the router is waiting for its workers; retry shortly")
         remaining = context.time_remaining()
         timeout = None if remaining is None or remaining > 1e9 else max(0.0, remaining - DEADLINE_MARGIN_S)
-        g = self.frontend.build(**request_fields(request), timeout_s=timeout)
+        try:
+            g = self._start(request, context, timeout)
+        except JournalUnavailable as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        running = []
 
         def on_start(req):
+            running.append(req)
             context.add_callback(lambda: self.core.abort(req))
 
+        j = self.journal if g.epoch else None
         for item in self.frontend.stream(g, on_start):
             if isinstance(item, Delta):
+                if j is not None and item.token_ids and not item.journaled:
+                    try:  # write-ahead: the journal has every token before the client does
+                        j.append(g.request_id, g.epoch, item.token_ids)
+                    except (Fenced, JournalUnavailable) as e:
+                        for req in running:
+                            self.core.abort(req)
+                        context.abort(grpc.StatusCode.ABORTED if isinstance(e, Fenced) else
+                                      grpc.StatusCode.UNAVAILABLE, str(e))
                 yield pb.GenerateResponse(request_id=g.request_id, token_ids=item.token_ids, text=item.text)
                 continue
             if item.error is not None:
                 context.abort(grpc.StatusCode.UNAVAILABLE, item.error)
+            if j is not None and item.reason in FINAL and context.is_active():
+                try:
+                    j.finish(g.request_id, g.epoch, item.reason.value)
+                except (Fenced, JournalUnavailable) as e:
+                    log.warning("request %s: its finish was not journaled: %s", g.request_id, e)
             yield pb.GenerateResponse(
                 request_id=g.request_id, text=item.text, finish_reason=FINISH[item.reason],
                 usage=pb.Usage(prompt_tokens=item.prompt_tokens, completion_tokens=item.completion_tokens),
@@ -161,13 +233,26 @@ def run(cfg: RouterConfig) -> int:
     except Exception as e:  # DiscoveryError, or a missing in-cluster config
         log.error("%s", e)
         return 2
+    journal = None
+    if cfg.state_redis_url:
+        import os
+        import socket
+
+        owner = cfg.router_id or f"{socket.gethostname()}:{os.getpid()}"
+        journal = RequestJournal(cfg.state_redis_url, owner, ttl_s=cfg.state_ttl, retry_s=cfg.state_retry)
+        try:
+            journal.check()
+        except JournalError as e:
+            log.error("%s", e)
+            return 2
+        log.info("request state in Redis at %s (router %s)", journal.url, owner)
     static = (list(cfg.targets), list(cfg.drafts)) if discovery is None else ([], [])
     core = RouterCore(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
                                  cfg.ready_timeout), *static, tok.fingerprint, tok.eos_token_ids, discovery=discovery)
     metrics = RouterMetrics()
     core.metrics = metrics
     frontend = Frontend(core, tok, Limits(cfg.max_tokens_default, cfg.max_tokens_limit))
-    servicer = GenerationServicer(frontend, cfg)
+    servicer = GenerationServicer(frontend, cfg, journal)
     server = ControlServer(cfg.grpc_address, None, None,
                            extra=[(pb_grpc.add_GenerationServicer_to_server, servicer, "ssd.v1.Generation")],
                            max_workers=2 * cfg.max_batch + 8)

@@ -83,7 +83,7 @@ class Sampling(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("text", "token_ids", "chat", "sampling", "max_tokens", "ignore_eos", "stop_token_ids", "request_id", "speculation", "stop")
+    __slots__ = ("text", "token_ids", "chat", "sampling", "max_tokens", "ignore_eos", "stop_token_ids", "request_id", "speculation", "stop", "resume_from")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class GenerateRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: TokenIds
     chat: ChatMessages
@@ -104,7 +105,8 @@ class GenerateRequest(_message.Message):
     request_id: str
     speculation: SpeculationOverrides
     stop: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., max_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationOverrides, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
+    resume_from: int
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., max_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationOverrides, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., resume_from: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens")

@@ -1,5 +1,4 @@
 """Workers registered in a real Redis are found by the router; an unreachable Redis is a clear start-up error."""
-import shutil
 import subprocess
 import sys
 import time
@@ -8,19 +7,16 @@ import pytest
 
 from ssd.client import Client
 from ssd.launcher import Stack, StackConfig, free_port
+from tests.redis_server import RedisServer, needs_redis
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+pytestmark = needs_redis
 
 
 @pytest.fixture
 def redis_url(tmp_path):
-    port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
-    time.sleep(0.5)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+    server = RedisServer(tmp_path).start()
+    yield server.url
+    server.stop()
 
 
 def test_router_discovers_registered_workers(default_models, redis_url, tmp_path, chat_prompts, ar_reference):
