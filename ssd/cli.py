@@ -3,6 +3,7 @@
     ssd models prepare                 build the embedded default model pair
     ssd up [--demo PROMPT]             router + target + draft as separate processes on loopback
     ssd generate PROMPT                stream a completion from a running router (--local: in this process)
+    ssd keys generate --out DIR        CURVE key pairs for the data plane (router.key*, worker.key*)
     ssd target|draft|router [flags]    one service (for containers); flags, SSD_<ROLE>_* env, --config FILE
 """
 from __future__ import annotations
@@ -35,6 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where model folders live (default: $SSD_MODELS_DIR or ~/.cache/ssd/models)")
     prep.add_argument("--force", action="store_true", help="rebuild even if already prepared")
 
+    keys = sub.add_parser("keys", help="data-plane CURVE keys")
+    ksub = keys.add_subparsers(dest="keys_command", required=True)
+    kgen = ksub.add_parser("generate", help="write NAME.key (public) and NAME.key_secret for each name")
+    kgen.add_argument("--out", type=Path, required=True, help="folder to write the key files into")
+    kgen.add_argument("--names", default="router,worker",
+                      help="comma-separated key pair names (default: router,worker)")
+
     for role in ("target", "draft", "router"):
         sub.add_parser(role, help=f"run the {role} service (see `ssd {role} --help`)", add_help=False)
 
@@ -42,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--mode", choices=["ar", "sd", "ssd"], default="ssd")
     up.add_argument("--drafts", type=int, default=1, help="draft replicas")
     up.add_argument("--targets", type=int, default=1, help="target replicas")
+    up.add_argument("--routers", type=int, default=1, help="routers sharing the workers (needs --state-redis-url)")
+    up.add_argument("--state-redis-url", default="", help="the routers' request-state Redis (resumable streams)")
     up.add_argument("--k", type=int, default=3)
     up.add_argument("--backup", choices=["jit", "ngram", "none", "auto"], default="jit")
     up.add_argument("--port", type=int, default=50051, help="the router's gRPC port")
@@ -50,8 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--pin", action="store_true", help="pin the target to CPU 0 and drafts to CPU 1, one thread each")
     up.add_argument("--demo", default=None, metavar="PROMPT", help="run one generation, print its stats, stop")
 
-    up.add_argument("--routers", type=int, default=1, help="routers sharing the workers (needs --state-redis-url)")
-    up.add_argument("--state-redis-url", default="", help="the routers' request-state Redis (resumable streams)")
     b = sub.add_parser("bench", help="AR, SD and SSD through real processes; writes bench/results/ssd.json")
     b.add_argument("--new-tokens", type=int, default=256)
     b.add_argument("--prompts", type=int, default=16)
@@ -84,6 +92,19 @@ def cmd_prepare(args) -> int:
     paths = prepare_default_models(args.models_dir or default_models_dir(), force=args.force)
     for role, path in paths.items():
         print(f"{role}: {path}")
+    return 0
+
+
+def cmd_keys(args) -> int:
+    from ssd.curve import generate
+
+    try:
+        paths = generate(args.out, [n.strip() for n in args.names.split(",") if n.strip()])
+    except (FileExistsError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
     return 0
 
 
@@ -254,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "models":
         return cmd_prepare(args)
+    if args.command == "keys":
+        return cmd_keys(args)
     if args.command == "up":
         return cmd_up(args)
     if args.command == "bench":

@@ -40,7 +40,7 @@ from operator import attrgetter
 import msgpack
 import numpy as np
 
-__all__ = ["MAX_ENTRIES", "MAX_FRAME_BYTES", "MAX_ITEMS", "MAX_ROW_ENTRIES", "MAX_ROWS", "MAX_STR", "MAX_TOKENS",
+__all__ = ["MAX_ARRAYS", "MAX_ENTRIES", "MAX_FRAME_BYTES", "MAX_ITEMS", "MAX_ROW_ENTRIES", "MAX_ROWS", "MAX_STR", "MAX_TOKENS",
            "MESSAGE_TYPES", "PROTOCOL_VERSION", "Restore", "Restored", "CacheEntries", "CacheEntry", "DraftAdd", "DraftAddItem",
            "DraftParamsSpec", "DraftRound", "DraftRoundItem", "Error", "Free", "Hello", "Jit", "JitItem", "JitResult",
            "Message", "Outcome", "Outcomes", "Ping", "Pong", "Prefill", "PrefillItem", "Prefilled", "Ready", "Row",
@@ -54,6 +54,7 @@ MAX_ENTRIES = 4096           # entries per CacheEntries
 MAX_ROWS = 1024              # rows per proposal, ints per fanout
 MAX_ROW_ENTRIES = 1 << 18    # support size of one proposal row
 MAX_STR = 1 << 16            # characters per string
+MAX_ARRAYS = 1 << 18         # msgpack arrays per payload (an empty array is 1 byte on the wire, 56 in memory)
 assert sys.byteorder == "little" and array("i").itemsize == array("f").itemsize == 4, "needs a little-endian host"
 
 
@@ -521,6 +522,22 @@ def encode(msg: Message, max_frame_bytes: int = MAX_FRAME_BYTES) -> list[bytes]:
     return [head, body]
 
 
+class _TooManyArrays(Exception):
+    pass
+
+
+def _array_budget():
+    """A msgpack list_hook that stops unpacking after MAX_ARRAYS arrays (an array of a million empty arrays is
+    1 MB on the wire and 56 MB in Python)."""
+    count = iter(range(MAX_ARRAYS))
+
+    def hook(v: list) -> list:
+        if next(count, None) is None:
+            raise _TooManyArrays
+        return v
+    return hook
+
+
 def decode(frames: list[bytes], max_frame_bytes: int = MAX_FRAME_BYTES) -> Message:
     """The message in ``frames`` (bytes or buffers); WireError, and nothing else, if they are not a valid one."""
     if type(frames) not in (list, tuple) or len(frames) != 2:
@@ -541,7 +558,10 @@ def decode(frames: list[bytes], max_frame_bytes: int = MAX_FRAME_BYTES) -> Messa
         raise WireError(f"{name}: payload of {len(body)} bytes exceeds max_frame_bytes={max_frame_bytes}")
     try:
         payload = msgpack.unpackb(body, raw=False, strict_map_key=True, max_bin_len=max_frame_bytes,
-                                  max_str_len=max_frame_bytes, max_array_len=MAX_TOKENS, max_map_len=0, max_ext_len=0)
+                                  max_str_len=max_frame_bytes, max_array_len=MAX_TOKENS, max_map_len=0, max_ext_len=0,
+                                  list_hook=_array_budget())
+    except _TooManyArrays:
+        raise WireError(f"{name}: more than MAX_ARRAYS={MAX_ARRAYS} arrays in the payload") from None
     except Exception as e:  # msgpack signals malformed input with several exception types
         raise WireError(f"{name}: malformed msgpack payload ({type(e).__name__}: {str(e)[:80]})") from None
     if type(payload) is not list or not payload:

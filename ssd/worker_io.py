@@ -4,6 +4,11 @@ The compute loop never touches the socket: decoded requests arrive on `inbox` as
 replies leave through `send(peer, message)`. The IO thread answers `Hello` (with the worker's `Ready`) and
 `Ping` itself, so a worker busy in a long forward still proves it is alive. A frame that does not decode
 is logged and answered with an `Error`; it never reaches the compute loop and never stops the worker.
+
+Bounds: a frame over `wire.MAX_FRAME_BYTES` makes ZeroMQ drop the connection (MAXMSGSIZE); a message of more
+frames than a wire message has is read to its end, frame by frame, and dropped. With `curve` (`ServerKeys`) the
+socket is a CURVE server and a ZAP handler admits only the authorised client keys: nothing from another peer
+reaches `inbox` or gets an answer.
 """
 from __future__ import annotations
 
@@ -15,13 +20,31 @@ from typing import Callable
 import zmq
 
 from ssd import wire
+from ssd.curve import ServerKeys
 
 log = logging.getLogger(__name__)
 
 
+def recv_message(sock: zmq.Socket, max_frames: int) -> list[bytes] | None:
+    """The next message on `sock` (zmq.Again if none), or None if it has more than `max_frames` frames: those
+    are read one at a time and discarded, so a peer cannot make this side hold an unbounded list."""
+    frames = [sock.recv(zmq.NOBLOCK)]
+    while sock.getsockopt(zmq.RCVMORE):
+        frame = sock.recv()
+        if len(frames) <= max_frames:
+            frames.append(frame)
+    return frames if len(frames) <= max_frames else None
+
+
+def bound_frames(sock: zmq.Socket) -> None:
+    """No frame larger than a wire payload may arrive: ZeroMQ disconnects a peer that sends one."""
+    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
+
+
 class WorkerEndpoint:
-    def __init__(self, address: str, ready: Callable[[], wire.Ready], name: str = "worker"):
-        self.address, self.ready, self.name = address, ready, name
+    def __init__(self, address: str, ready: Callable[[], wire.Ready], name: str = "worker",
+                 curve: ServerKeys | None = None):
+        self.address, self.ready, self.name, self.curve = address, ready, name, curve
         self.inbox: queue.Queue = queue.Queue()
         self._outbox: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -47,9 +70,12 @@ class WorkerEndpoint:
 
     def _run(self) -> None:
         ctx = zmq.Context()
+        auth = self.curve.authenticator(ctx, self.name) if self.curve is not None else None
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, 4 * wire.MAX_FRAME_BYTES)
+        bound_frames(sock)
+        if self.curve is not None:
+            self.curve.apply(sock)
         try:
             sock.bind(self.address)
             self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -57,6 +83,8 @@ class WorkerEndpoint:
             self._error = e
             self._bound.set()
             sock.close()
+            if auth is not None:
+                auth.stop()
             ctx.term()
             return
         self._bound.set()
@@ -67,9 +95,12 @@ class WorkerEndpoint:
                 if poller.poll(2):
                     while True:
                         try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                            frames = recv_message(sock, 3)   # peer identity, type, payload
                         except zmq.Again:
                             break
+                        if frames is None:
+                            log.warning("%s: dropped a message of more than 2 frames", self.name)
+                            continue
                         self._receive(sock, frames)
                 while True:
                     try:
@@ -79,6 +110,8 @@ class WorkerEndpoint:
                     sock.send_multipart([peer, *wire.encode(msg)])
         finally:
             sock.close()
+            if auth is not None:
+                auth.stop()
             ctx.term()
 
     def _receive(self, sock, frames: list[bytes]) -> None:

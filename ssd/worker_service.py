@@ -18,6 +18,7 @@ from typing import Callable
 
 from ssd import wire
 from ssd.control import ControlServer
+from ssd.curve import server_keys
 from ssd.worker_io import WorkerEndpoint
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,11 @@ class WorkerConfig:
     advertise_address: str = field(default="", metadata={"help": "data address routers should use "
                                                                   "(default: the bound one)"})
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks of this target (1 = off)"})
+    curve_secret_key_file: Path | None = field(default=None, metadata={
+        "help": "this worker's CURVE key pair (NAME.key_secret from `ssd keys generate`): the data plane then "
+                "admits only --curve-authorized-keys (default: no authentication)"})
+    curve_authorized_keys: Path | None = field(default=None, metadata={
+        "help": "the routers' CURVE public keys allowed to connect: a NAME.key file or a folder of them"})
 
 
 def setup_process(cfg: WorkerConfig, role: str) -> None:
@@ -106,6 +112,11 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
         log.error("tensor parallelism (--tp-size %d) is not available yet in this build; run with --tp-size 1",
                   cfg.tp_size)
         return 2
+    try:
+        curve = server_keys(cfg.curve_secret_key_file, cfg.curve_authorized_keys)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
     from ssd.models.loader import load_model
     from ssd.tokenizer import Tokenizer
 
@@ -140,7 +151,7 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
     def ready() -> wire.Ready:
         return wire.Ready(role, folder.name, tok.fingerprint, model.cfg.vocab_size, worker.max_len, k, fanout)
 
-    endpoint = WorkerEndpoint(cfg.data_address, ready, role)
+    endpoint = WorkerEndpoint(cfg.data_address, ready, role, curve)
     state["endpoint"] = endpoint.start()
     state["handler"] = handler = handler_cls(worker, endpoint)
     registration = None

@@ -98,7 +98,7 @@ class Timings:
 
 class RouterCore:
     def __init__(self, cfg: CoreConfig, targets: list[str], drafts: list[str], tokenizer_hash: str, eos_token_ids,
-                 metrics: RouterMetrics | None = None, discovery=None):
+                 metrics: RouterMetrics | None = None, discovery=None, curve=None):
         if cfg.mode not in ("ar", "sd", "ssd"):
             raise ValueError(f"mode must be ar, sd or ssd, got {cfg.mode!r}")
         if cfg.mode != "ar" and not drafts and discovery is None:
@@ -108,12 +108,13 @@ class RouterCore:
         self.backup = BackupPolicy(cfg.backup)
         self.tokenizer_hash, self.eos = tokenizer_hash, frozenset(eos_token_ids)
         self._ctx = zmq.Context()
+        self._curve = curve  # ssd.curve.ClientKeys: the data plane authenticates (None: plain sockets)
         if not targets and discovery is None:
             raise ValueError("at least one target address (or a discovery source) is needed")
         self.discovery = discovery  # ssd.discovery.Discovery: workers that appear and leave at run time
         self._poller = zmq.Poller()
-        self.targets = [Peer(self._ctx, t, "target") for t in targets]
-        self.drafts = [Peer(self._ctx, d, "draft") for d in drafts]
+        self.targets = [Peer(self._ctx, t, "target", curve) for t in targets]
+        self.drafts = [Peer(self._ctx, d, "draft", curve) for d in drafts]
         self._load: dict[Peer, int] = {p: 0 for p in self.targets + self.drafts}
         self.vocab_size = 0
         self.cache = SpeculationCache()
@@ -229,7 +230,7 @@ class RouterCore:
             pool = self.targets if role == "target" else self.drafts
             known = next((p for p in pool if p.address == address), None)
             if change.kind == "added" and known is None and (role == "target" or self.cfg.mode != "ar"):
-                peer = Peer(self._ctx, address, role)
+                peer = Peer(self._ctx, address, role, self._curve)
                 pool.append(peer)
                 self._load[peer] = 0
                 self._poller.register(peer.sock, zmq.POLLIN)

@@ -3,7 +3,8 @@
 A peer is `alive` once it answered `Hello` with `Ready` and keeps answering: the router pings every
 `PING_EVERY` seconds and declares a peer dead after `DEAD_AFTER` seconds without any message from it (the
 worker's IO thread answers pings even while its model computes). A dead peer is greeted again until it comes
-back; `on_ready` then tells the router to rebuild what the worker lost.
+back; `on_ready` then tells the router to rebuild what the worker lost. With `curve` (`ClientKeys`) the socket
+authenticates as the router and talks only to a worker holding the worker secret key.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import time
 import zmq
 
 from ssd import wire
+from ssd.curve import ClientKeys
+from ssd.worker_io import bound_frames, recv_message
 
 log = logging.getLogger("ssd.router")
 
@@ -24,12 +27,14 @@ HELLO_EVERY = 1.0
 
 
 class Peer:
-    def __init__(self, ctx: zmq.Context, address: str, role: str):
+    def __init__(self, ctx: zmq.Context, address: str, role: str, curve: ClientKeys | None = None):
         self.address, self.role = address, role
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue work for a worker that is not connected
-        self.sock.setsockopt(zmq.MAXMSGSIZE, 4 * wire.MAX_FRAME_BYTES)
+        bound_frames(self.sock)
+        if curve is not None:
+            curve.apply(self.sock)
         self.sock.connect(address)
         self.ready: wire.Ready | None = None
         self.alive = False
@@ -51,9 +56,12 @@ class Peer:
         out = []
         while True:
             try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                frames = recv_message(self.sock, 2)
             except zmq.Again:
                 return out
+            if frames is None:
+                log.warning("%s %s sent a message of more than 2 frames: dropped", self.role, self.address)
+                continue
             try:
                 msg = wire.decode(frames)
             except wire.WireError as e:

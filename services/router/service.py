@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 
 from ssd.control import ControlServer
+from ssd.curve import client_keys
 from ssd.journal import Fenced, JournalError, JournalUnavailable, RequestJournal, fingerprint
 from ssd.params import FinishReason
 from ssd.pb import generation_pb2 as pb
@@ -69,6 +70,11 @@ class RouterConfig:
         "help": "seconds a request-state write is retried while Redis is unreachable before the stream fails"})
     router_id: str = field(default="", metadata={"help": "this router's name in the journal (default host:pid)"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
+    curve_secret_key_file: Path | None = field(default=None, metadata={
+        "help": "this router's CURVE key pair (NAME.key_secret from `ssd keys generate`) for the data plane "
+                "(default: no authentication)"})
+    curve_worker_key: Path | None = field(default=None, metadata={
+        "help": "the CURVE public key (NAME.key) the workers serve with"})
 
 
 def request_fields(request) -> dict:
@@ -248,7 +254,8 @@ def run(cfg: RouterConfig) -> int:
         log.info("request state in Redis at %s (router %s)", journal.url, owner)
     static = (list(cfg.targets), list(cfg.drafts)) if discovery is None else ([], [])
     core = RouterCore(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
-                                 cfg.ready_timeout), *static, tok.fingerprint, tok.eos_token_ids, discovery=discovery)
+                                 cfg.ready_timeout), *static, tok.fingerprint, tok.eos_token_ids, discovery=discovery,
+                      curve=client_keys(cfg.curve_secret_key_file, cfg.curve_worker_key))
     metrics = RouterMetrics()
     core.metrics = metrics
     frontend = Frontend(core, tok, Limits(cfg.max_tokens_default, cfg.max_tokens_limit))
