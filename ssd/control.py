@@ -159,17 +159,19 @@ class ControlServer:
 
     def __init__(self, address: str, info: Callable[[], Union[WorkerInfoDict, worker_pb2.WorkerInfo]] | None,
                  on_drain: Callable[[int], int] | None, extra: list[tuple[Callable, object, str]] = (),
-                 max_workers: int = 4):
+                 max_workers: int = 4, interceptors: tuple[grpc.ServerInterceptor, ...] = (),
+                 credentials: grpc.ServerCredentials | None = None):
         """`extra`: more services as (add_XServicer_to_server, servicer, full service name); the router
-        serves Generation this way (with info=None: no Worker service)."""
-        self.address = address
+        serves Generation this way (with info=None: no Worker service). `interceptors` run before the error
+        mapping (the router's API-key check); `credentials`: serve TLS instead of plaintext."""
+        self.address, self._credentials = address, credentials
         self.port: int | None = None
         self._services = [name for *_, name in extra] + ([WORKER_SERVICE] if info is not None else [])
         self._health = health.HealthServicer()
         self.set_serving(False)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ssd-grpc"),
-            interceptors=[_ErrorInterceptor()],
+            interceptors=[*interceptors, _ErrorInterceptor()],
             options=[("grpc.so_reuseport", 0)],  # a port already taken fails loudly instead of being shared
         )
         if info is not None:
@@ -183,7 +185,8 @@ class ControlServer:
 
     def start(self) -> int:
         """Bind and start serving; return the bound port."""
-        port = self._server.add_insecure_port(self.address)
+        port = (self._server.add_secure_port(self.address, self._credentials) if self._credentials is not None
+                else self._server.add_insecure_port(self.address))
         if not port:  # older grpcio returns 0 instead of raising
             raise RuntimeError(f"control plane could not bind {self.address}")
         self._server.start()

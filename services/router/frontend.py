@@ -102,6 +102,7 @@ class _Output:
 class Frontend:
     def __init__(self, core: RouterCore, tok: Tokenizer, limits: Limits | None = None):
         self.core, self.tok, self.limits = core, tok, limits or Limits()
+        self.draining = False  # set on SIGTERM: no new requests (the APIs answer UNAVAILABLE / 503)
 
     def build(self, *, text: str | None = None, token_ids: list[int] | None = None,
               messages: list[dict] | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,

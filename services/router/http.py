@@ -8,7 +8,8 @@ Events: chunks, the last one with `finish_reason`, a usage chunk if `stream_opti
 `data: [DONE]`; an engine error mid-stream is a `data: {"error": ...}` event. A client that disconnects cancels
 its handler, which aborts the request in the engine. `GET /v1/models`, `/health` (503 until the workers are
 ready), `/metrics` (404 without a renderer). Errors, all mapped in one middleware, have OpenAI's shape
-`{"error": {message, type, param, code}}`: 400 bad JSON or field (`param` names it), 404 unknown model or path,
+`{"error": {message, type, param, code}}`: 400 bad JSON or field (`param` names it), 401 no valid API key
+(when keys are configured), 404 unknown model or path,
 405, 413 over 1 MiB, 503 not ready or failed in the engine. `HttpServer.start()` serves from its own asyncio
 loop in a daemon thread and returns the bound port; `stop()` gives running requests about two seconds.
 """
@@ -216,8 +217,11 @@ def _event(obj) -> bytes:
 
 class HttpServer:
     def __init__(self, frontend: Frontend, model_name: str, metrics_render: Callable[[], tuple[bytes, str]] | None,
-                 host: str = "127.0.0.1", port: int = 8000):
+                 host: str = "127.0.0.1", port: int = 8000, api_keys=None, tls: tuple | None = None):
+        """`api_keys` (ssd.auth.ApiKeys): /v1/* needs `Authorization: Bearer <key>` (401 otherwise; /health and
+        /metrics stay open for probes and scrapers). `tls`: (certificate chain file, key file) to serve HTTPS."""
         self.frontend, self.core, self.model_name = frontend, frontend.core, model_name
+        self.api_keys, self.tls = api_keys, tls
         self.metrics_render, self.host, self.port = metrics_render, host, port
         self.created = int(time.time())
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -225,7 +229,7 @@ class HttpServer:
         self._thread: threading.Thread | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors])
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors, self._auth])
         app.router.add_post("/v1/completions", functools.partial(self._generate, chat=False))
         app.router.add_post("/v1/chat/completions", functools.partial(self._generate, chat=True))
         app.router.add_get("/v1/models", self.models)
@@ -233,13 +237,27 @@ class HttpServer:
         app.router.add_get("/metrics", self.metrics)
         return app
 
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        if self.api_keys is not None and request.path.startswith("/v1/") and \
+                not self.api_keys.valid(request.headers.get("Authorization")):
+            raise ApiError(401, "a valid API key is needed: send the header `Authorization: Bearer <key>`",
+                           kind="authentication_error")
+        return await handler(request)
+
     # ---- lifecycle --------------------------------------------------------------------------------
     def start(self) -> int:
         sock = socket.create_server((self.host, self.port))
         loop = self._loop = asyncio.new_event_loop()
         self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
         loop.run_until_complete(self._runner.setup())
-        loop.run_until_complete(web.SockSite(self._runner, sock).start())
+        ssl_context = None
+        if self.tls is not None:
+            import ssl
+
+            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_context.load_cert_chain(str(self.tls[0]), str(self.tls[1]))
+        loop.run_until_complete(web.SockSite(self._runner, sock, ssl_context=ssl_context).start())
         self._thread = threading.Thread(target=loop.run_forever, name="router-http", daemon=True)
         self._thread.start()
         self.port = sock.getsockname()[1]
@@ -272,6 +290,8 @@ class HttpServer:
                            "model")
         if not self._ready():
             raise ApiError(503, "the router is waiting for its workers; retry shortly", kind="server_error")
+        if self.frontend.draining:
+            raise ApiError(503, "the router is draining (shutting down); retry on another", kind="server_error")
         return body
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import grpc
 
 from ssd.control import ControlServer
 from ssd.curve import client_keys
+from ssd.auth import ApiKeyError, ApiKeys
 from ssd.journal import Fenced, JournalError, JournalUnavailable, RequestJournal, fingerprint
 from ssd.params import FinishReason
 from ssd.pb import generation_pb2 as pb
@@ -69,6 +71,14 @@ class RouterConfig:
     state_retry: float = field(default=5.0, metadata={
         "help": "seconds a request-state write is retried while Redis is unreachable before the stream fails"})
     router_id: str = field(default="", metadata={"help": "this router's name in the journal (default host:pid)"})
+    api_keys_file: Path | None = field(default=None, metadata={
+        "help": "file of API keys, one per line (a mounted Secret; re-read when it changes): clients must send "
+                "`authorization: Bearer <key>` (default: no keys needed)"})
+    tls_cert_file: Path | None = field(default=None, metadata={
+        "help": "PEM certificate chain: serve gRPC and HTTP over TLS (with --tls-key-file)"})
+    tls_key_file: Path | None = field(default=None, metadata={"help": "PEM private key of --tls-cert-file"})
+    drain_timeout: float = field(default=30.0, metadata={
+        "help": "on SIGTERM: seconds running requests get to finish before the rest end with UNAVAILABLE"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
     curve_secret_key_file: Path | None = field(default=None, metadata={
         "help": "this router's CURVE key pair (NAME.key_secret from `ssd keys generate`) for the data plane "
@@ -111,6 +121,44 @@ FINAL = frozenset({FinishReason.STOP, FinishReason.EOS, FinishReason.LENGTH, Fin
                    FinishReason.ABORT, FinishReason.TIME_LIMIT})
 
 
+class ApiKeyInterceptor(grpc.ServerInterceptor):
+    """Refuses every ssd.v1.Generation call without a valid API key (UNAUTHENTICATED); health and reflection
+    stay open for probes."""
+
+    def __init__(self, keys: ApiKeys):
+        self.keys = keys
+
+    def intercept_service(self, continuation, handler_call_details):
+        if not handler_call_details.method.startswith("/ssd.v1.Generation/"):
+            return continuation(handler_call_details)
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        if self.keys.valid(metadata.get("authorization")):
+            return continuation(handler_call_details)
+        handler = continuation(handler_call_details)
+
+        def refuse(request, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "a valid API key is needed: send metadata `authorization: Bearer <key>`")
+
+        if handler is not None and handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(refuse, handler.request_deserializer,
+                                                        handler.response_serializer)
+        return grpc.unary_unary_rpc_method_handler(refuse, handler.request_deserializer if handler else None,
+                                                   handler.response_serializer if handler else None)
+
+
+def tls_files(cfg: RouterConfig) -> tuple[bytes, bytes] | None:
+    """(certificate chain, private key) PEM bytes when TLS is configured; ValueError naming what is wrong."""
+    if not cfg.tls_cert_file and not cfg.tls_key_file:
+        return None
+    if not (cfg.tls_cert_file and cfg.tls_key_file):
+        raise ValueError("TLS needs both --tls-cert-file and --tls-key-file")
+    try:
+        return Path(cfg.tls_cert_file).read_bytes(), Path(cfg.tls_key_file).read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read a TLS file: {e}") from e
+
+
 class GenerationServicer(pb_grpc.GenerationServicer):
     def __init__(self, frontend: Frontend, cfg: RouterConfig, journal: RequestJournal | None = None):
         self.frontend, self.core, self.cfg, self.journal = frontend, frontend.core, cfg, journal
@@ -148,6 +196,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     def Generate(self, request, context):
         if self.core.max_len == 0:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the router is waiting for its workers; retry shortly")
+        if self.frontend.draining:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the router is draining (shutting down); retry on another")
         remaining = context.time_remaining()
         timeout = None if remaining is None or remaining > 1e9 else max(0.0, remaining - DEADLINE_MARGIN_S)
         try:
@@ -252,6 +302,12 @@ def run(cfg: RouterConfig) -> int:
             log.error("%s", e)
             return 2
         log.info("request state in Redis at %s (router %s)", journal.url, owner)
+    try:
+        keys = ApiKeys(cfg.api_keys_file) if cfg.api_keys_file else None
+        tls = tls_files(cfg)
+    except (ApiKeyError, ValueError) as e:
+        log.error("%s", e)
+        return 2
     static = (list(cfg.targets), list(cfg.drafts)) if discovery is None else ([], [])
     core = RouterCore(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
                                  cfg.ready_timeout), *static, tok.fingerprint, tok.eos_token_ids, discovery=discovery,
@@ -262,7 +318,9 @@ def run(cfg: RouterConfig) -> int:
     servicer = GenerationServicer(frontend, cfg, journal)
     server = ControlServer(cfg.grpc_address, None, None,
                            extra=[(pb_grpc.add_GenerationServicer_to_server, servicer, "ssd.v1.Generation")],
-                           max_workers=2 * cfg.max_batch + 8)
+                           max_workers=2 * cfg.max_batch + 8,
+                           interceptors=(ApiKeyInterceptor(keys),) if keys is not None else (),
+                           credentials=grpc.ssl_server_credentials([(tls[1], tls[0])]) if tls else None)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -280,16 +338,35 @@ def run(cfg: RouterConfig) -> int:
         from services.router.http import HttpServer
 
         host, _, http_port = cfg.http_address.rpartition(":")
-        http = HttpServer(frontend, folder.name, metrics.render, host=host, port=int(http_port))
+        http = HttpServer(frontend, folder.name, metrics.render, host=host, port=int(http_port), api_keys=keys,
+                          tls=(cfg.tls_cert_file, cfg.tls_key_file) if tls else None)
         log.info("serving the OpenAI-compatible HTTP API on port %d", http.start())
     server.set_serving(True)
-    log.info("serving ssd.v1.Generation on port %d (mode %s)", port, cfg.mode)
+    log.info("serving ssd.v1.Generation on port %d (mode %s%s%s)", port, cfg.mode, ", TLS" if tls else "",
+             f", {len(keys)} API keys" if keys is not None else "")
     while not stop.is_set() and loop.is_alive():
         stop.wait(0.2)
-    server.set_serving(False)
+    drain(server, frontend, cfg.drain_timeout)
     if http is not None:
         http.stop()
     core.stop()
     loop.join(timeout=5)
     server.stop(1)
     return 0
+
+
+def drain(server: ControlServer, frontend: Frontend, timeout: float) -> None:
+    """Graceful drain: health NOT_SERVING, no new requests (UNAVAILABLE / 503, which clients retry elsewhere),
+    running ones get `timeout` seconds to finish; whatever is left then ends with UNAVAILABLE when the loop
+    stops (the SDK resumes it on another router where request state is on)."""
+    server.set_serving(False)
+    frontend.draining = True
+    core = frontend.core
+    deadline = time.monotonic() + timeout
+    busy = len(core.active) + len(core.waiting)
+    log.info("draining: %d requests running or queued, up to %.0f s", busy, timeout)
+    while (core.active or core.waiting) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = len(core.active) + len(core.waiting)
+    if left:
+        log.warning("drain timeout: ending %d requests with UNAVAILABLE", left)

@@ -1,6 +1,7 @@
 """Request state in Redis with two routers sharing one target and one draft: a router killed mid-stream (the
 SDK resumes on the other and the concatenated stream equals the uninterrupted output), a resumption that
 fences a live router, a finished stream fetched again, a Redis restart mid-run, and the clear errors."""
+import signal
 import subprocess
 import sys
 import threading
@@ -29,7 +30,7 @@ def redis(tmp_path_factory):
 def routers(default_models, redis, tmp_path_factory):
     logs = tmp_path_factory.mktemp("logs")
     cfg = StackConfig(mode="ssd", routers=2, state_redis_url=redis.url, log_dir=logs, target_cpus="0",
-                      draft_cpus="1", threads=1)
+                      draft_cpus="1", threads=1, extra={"router": ["--drain-timeout", "0.5"]})
     with Stack(cfg) as stack:
         stack.logs = logs
         yield stack
@@ -123,6 +124,26 @@ def test_a_router_killed_mid_stream_the_sdk_resumes_on_the_other(routers, chat_p
     with Client(routers.grpc_addresses[1], timeout=300) as client:  # the same text as an uninterrupted stream
         again = client.generate(chat_prompts[0], max_tokens=N, ignore_eos=True)
     assert again.text == result.text
+
+
+def test_a_drain_cut_short_hands_the_stream_to_another_router(routers, chat_prompts, ar_reference):
+    """SIGTERM with a 0.5 s grace: the running stream ends with UNAVAILABLE and the SDK resumes it elsewhere."""
+    routers.start_router(0)  # the previous test killed it
+    from ssd.control import wait_serving
+
+    assert wait_serving(routers.grpc_addresses[0], timeout=120)
+    deltas = []
+    with Client(list(reversed(routers.grpc_addresses)), timeout=300) as client:
+        for item in client.stream(chat_prompts[8], max_tokens=N, ignore_eos=True):
+            if isinstance(item, Delta):
+                deltas.append(item)
+                if len(deltas) == 1:
+                    routers.kill("router1", signal.SIGTERM)
+            else:
+                result = item
+    assert result.token_ids == ar_reference[8] and [t for d in deltas for t in d.token_ids] == ar_reference[8]
+    assert routers.procs["router1"].wait(timeout=30) == 0
+    assert "drain timeout: ending 1 requests" in (routers.logs / "router1.log").read_text()
 
 
 def test_a_router_without_state_refuses_to_resume(stack, chat_prompts):
