@@ -39,6 +39,9 @@ class WorkerConfig:
     advertise_address: str = field(default="", metadata={"help": "data address routers should use "
                                                                   "(default: the bound one)"})
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks of this target (1 = off)"})
+    kv_tokens: int = field(default=0, metadata={"help": "KV cache capacity in tokens (0 = max_seqs * max_len); "
+                                                        "sequences are preempted and recomputed when it is full"})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV cache block (paging and prefix caching)"})
     curve_secret_key_file: Path | None = field(default=None, metadata={
         "help": "this worker's CURVE key pair (NAME.key_secret from `ssd keys generate`): the data plane then "
                 "admits only --curve-authorized-keys (default: no authentication)"})
@@ -129,7 +132,8 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
         h = state["handler"]
         return {"role": role.upper(), "model_id": folder.name, "tokenizer_hash": state.get("fingerprint", ""),
                 "vocab_size": state.get("vocab", 0), "max_len": state.get("max_len", cfg.max_len),
-                "num_slots": cfg.max_seqs, "kv_capacity_tokens": cfg.max_seqs * state.get("max_len", cfg.max_len),
+                "num_slots": cfg.max_seqs,
+                "kv_capacity_tokens": state.get("kv_tokens", cfg.kv_tokens or cfg.max_seqs * cfg.max_len),
                 "kv_capacity_bytes": state.get("kv_bytes", 0), "k": k, "fanout": fanout,
                 "data_address": state.get("endpoint", cfg.data_address), "protocol_version": wire.PROTOCOL_VERSION,
                 "state": "DRAINING" if stop.is_set() else "SERVING" if h else "LOADING",
@@ -146,7 +150,7 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
     tok = Tokenizer.from_folder(folder)
     worker = build(model)
     state.update(fingerprint=tok.fingerprint, vocab=model.cfg.vocab_size, kv_bytes=worker.cache.nbytes(),
-                 max_len=worker.max_len)
+                 kv_tokens=worker.cache.capacity_tokens, max_len=worker.max_len)
 
     def ready() -> wire.Ready:
         return wire.Ready(role, folder.name, tok.fingerprint, model.cfg.vocab_size, worker.max_len, k, fanout)

@@ -126,6 +126,7 @@ def run(cfg: DraftConfig) -> int:
     fanout = cfg.resolved_fanout()
 
     def build(model) -> DraftWorker:
-        return DraftWorker(model, cfg.max_seqs, min(cfg.max_len, model.cfg.max_position_embeddings), cfg.k, fanout)
+        return DraftWorker(model, cfg.max_seqs, min(cfg.max_len, model.cfg.max_position_embeddings), cfg.k, fanout,
+                           cfg.kv_tokens, cfg.block_size)
 
     return run_worker(cfg, "draft", cfg.model or draft_dir(cfg.models_dir), build, DraftHandler, cfg.k, fanout)

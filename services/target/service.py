@@ -116,6 +116,7 @@ def run(cfg: TargetConfig) -> int:
     from ssd.paths import target_dir
 
     def build(model) -> TargetWorker:
-        return TargetWorker(model, cfg.max_seqs, min(cfg.max_len, model.cfg.max_position_embeddings))
+        return TargetWorker(model, cfg.max_seqs, min(cfg.max_len, model.cfg.max_position_embeddings),
+                            cfg.kv_tokens, cfg.block_size)
 
     return run_worker(cfg, "target", cfg.model or target_dir(cfg.models_dir), build, TargetHandler)

@@ -1,47 +1,63 @@
 """The autoregressive baseline: one token per sequence per step, with continuous batching.
 
-New requests join between steps: a step either prefills the waiting requests that fit in free KV slots or
-decodes one token for every running sequence. The same model code and sampling serve SD and SSD, so this
-engine is the reference they must match.
+New requests join between steps: a step either prefills the waiting requests that fit (a free slot and the
+KV blocks for their tokens) or decodes one token for every running sequence. A prompt starts from the
+longest prefix the KV cache already holds (prefix caching), so only its new tokens are computed. When a
+decode step needs a block and none is free, the most recently admitted sequence is preempted: its KV is
+dropped and it goes back to the front of the queue, to be recomputed (prompt and output so far) when it fits.
+The same model code and sampling serve SD and SSD, so this engine is the reference they must match.
 """
 from __future__ import annotations
-
 
 import torch
 
 from ssd.engine.base import Engine
 from ssd.engine.sequence import Sequence
+from ssd.models.blocks import PrefixStats
 from ssd.models.decoder import Decoder, ForwardBatch
+from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
 from ssd.sampling import probs_from_logits, sample
 
 
 class AREngine(Engine):
     def __init__(self, model: Decoder, max_batch: int = 8, max_len: int | None = None,
-                 eos_token_ids: tuple[int, ...] | None = None):
+                 eos_token_ids: tuple[int, ...] | None = None, kv_tokens: int = 0,
+                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True):
         super().__init__()
         cfg = model.cfg
         self.model = model
         self.max_len = min(max_len or 2048, cfg.max_position_embeddings)
         self.eos_token_ids = frozenset(cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.vocab_size = cfg.vocab_size
-        self.cache = model.make_cache(max_batch, self.max_len)
+        self.cache = model.make_cache(max_batch, self.max_len, num_blocks=blocks_for(kv_tokens, block_size) or None,
+                                      block_size=block_size)
+        if self.cache.capacity_tokens < self.max_len:
+            raise ValueError(f"kv_tokens={kv_tokens} cannot hold one sequence of the maximum length {self.max_len}")
+        self.prefix_caching = prefix_caching
         self.device = model.embed.device
+        self.prefill_tokens = 0   # tokens computed by prefills (prefix-cache hits excluded, recomputation included)
+        self.preemptions = 0
+
+    @property
+    def prefix_stats(self) -> PrefixStats:
+        return self.cache.blocks.stats
 
     @torch.inference_mode()
     def step(self) -> list[Sequence]:
         """Run one forward; returns the sequences that received a token (finished ones included)."""
-        if self.waiting and self.cache.free_slots:
-            batch = []
-            while self.waiting and self.cache.free_slots:
-                seq = self.waiting.popleft()
-                seq.slot = self.cache.allocate()
-                batch.append(seq)
-            fb = ForwardBatch.ragged([s.prompt for s in batch], [0] * len(batch), [s.slot for s in batch],
-                                     device=self.device)
-            lengths = torch.tensor([len(s.prompt) - 1 for s in batch], device=self.device)
+        batch, cached = self._admit()
+        if batch:
+            rows = [(s.prompt + s.output)[c:] for s, c in zip(batch, cached)]
+            fb = ForwardBatch.ragged(rows, cached, [s.slot for s in batch], device=self.device)
+            lengths = torch.tensor([len(r) - 1 for r in rows], device=self.device)
             hidden = self.model(fb, self.cache)[torch.arange(len(batch), device=self.device), lengths]
+            self.prefill_tokens += sum(len(r) for r in rows)
+            if self.prefix_caching:
+                for s in batch:
+                    self.cache.register(s.slot, s.prompt + s.output, s.num_tokens)
             self.running.extend(batch)
         elif self.running:
+            self._reserve_decode()
             batch = list(self.running)
             fb = ForwardBatch.ragged([[s.last_token] for s in batch], [s.num_tokens - 1 for s in batch],
                                      [s.slot for s in batch], device=self.device)
@@ -56,7 +72,50 @@ class AREngine(Engine):
                 self._finish(seq)
         return batch
 
-    def _finish(self, seq: Sequence) -> None:
+    def _admit(self) -> tuple[list[Sequence], list[int]]:
+        """Waiting sequences that get a slot and the blocks for all their tokens, in arrival order. A block
+        per running sequence is kept free, so that new arrivals do not force the next decode to preempt."""
+        batch, cached = [], []
+        while self.waiting and self.cache.free_slots:
+            seq = self.waiting[0]
+            tokens = seq.prompt + seq.output
+            slot = self.cache.allocate()
+            hit = self.cache.match_prefix(slot, tokens) if self.prefix_caching else 0
+            need = self.cache.blocks_needed(slot, len(tokens))
+            headroom = len(self.running) + len(batch)
+            if not self.cache.blocks.can_allocate(need + headroom):
+                self.cache.release(slot)
+                self.cache.blocks.stats.unquery(len(tokens) - 1, hit)
+                break
+            self.cache.ensure(slot, len(tokens))
+            seq.slot = slot
+            batch.append(self.waiting.popleft())
+            cached.append(hit)
+        return batch, cached
+
+    def _reserve_decode(self) -> None:
+        """Map the block each running sequence writes next; preempt the latest admitted when none is free."""
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            if self.cache.blocks.can_allocate(self.cache.blocks_needed(seq.slot, seq.num_tokens)):
+                self.cache.ensure(seq.slot, seq.num_tokens)
+                i += 1
+            else:
+                self._preempt(self.running[-1])
+
+    def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._release(seq)
+        self.waiting.appendleft(seq)
+        self.preemptions += 1
+
+    def _release(self, seq: Sequence) -> None:
+        if self.prefix_caching:  # KV is valid for every token but the last
+            self.cache.register(seq.slot, seq.prompt + seq.output, seq.num_tokens - 1)
         self.cache.release(seq.slot)
         seq.slot = -1
+
+    def _finish(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._release(seq)

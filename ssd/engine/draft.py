@@ -11,6 +11,11 @@ Branch chains of one sequence are the T queries of one forward row: each attends
 s1..sj and its own chain, through an explicit mask, and writes its KV to scratch columns past the
 speculated region, so committed KV is never overwritten. The draft's KV stays valid for the committed tokens;
 speculative KV that later turns out committed (accepted tokens) is kept by `commit` without recomputation.
+
+The KV cache is paged. The branches' scratch blocks come from a pool reserved for them, mapped for the round
+and given back after it, so they never take committed KV's blocks nor wait for them. A sequence starts from
+the prefix cache; when committed KV runs out, the least recently used other sequence loses its KV (it is
+rebuilt from its committed tokens when next used: the draft holds no state that cannot be recomputed).
 """
 from __future__ import annotations
 
@@ -19,7 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ssd.models.blocks import PrefixStats
 from ssd.models.decoder import Decoder, ForwardBatch
+from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
 from ssd.sampling import SamplingParams, make_generator, sample
 from ssd.spec.cache import CacheEntry
 from ssd.spec.forks import select_forks
@@ -52,19 +59,37 @@ class _DraftSeq:
     kv_len: int = 0                                   # KV valid for tokens[:kv_len]
     written: list[int] = field(default_factory=list)  # speculative tokens whose KV follows kv_len
     generator: torch.Generator | None = None
+    used: int = 0                                     # last forward that used it (for eviction)
 
 
 class DraftWorker:
-    def __init__(self, model: Decoder, max_seqs: int, max_len: int, k: int, fanout: list[int]):
+    """`kv_tokens` bounds committed KV (0 = every slot at full length plus one speculation); scratch blocks
+    for every slot's branches are reserved on top of it."""
+
+    def __init__(self, model: Decoder, max_seqs: int, max_len: int, k: int, fanout: list[int],
+                 kv_tokens: int = 0, block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True):
         if len(fanout) != k + 1:
             raise ValueError(f"fanout needs K+1 = {k + 1} entries, got {fanout}")
         self.model, self.k, self.fanout = model, k, list(fanout)
         self.max_len = max_len
-        self.cache = model.make_cache(max_seqs, max_len, scratch=k + 1 + sum(fanout) * k)
+        committed = blocks_for(kv_tokens, block_size) or max_seqs * blocks_for(max_len + k + 1, block_size)
+        reserved = max_seqs * (blocks_for(sum(fanout) * k, block_size) + 1)
+        self.cache = model.make_cache(max_seqs, max_len, scratch=k + 1 + sum(fanout) * k,
+                                      num_blocks=committed + reserved, block_size=block_size,
+                                      reserved_blocks=reserved)
+        if self.cache.capacity_tokens < max_len + k + 1:
+            raise ValueError(f"kv_tokens={kv_tokens} cannot hold one sequence of the maximum length {max_len}")
+        self.prefix_caching = prefix_caching
         self.seqs: dict[int, _DraftSeq] = {}
         self.device = model.embed.device
         self.last_jit_step_s = 0.0
         self.last_speculate_s = 0.0
+        self.evictions = 0
+        self._forwards = 0
+
+    @property
+    def prefix_stats(self) -> PrefixStats:
+        return self.cache.blocks.stats
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.seqs
@@ -85,11 +110,36 @@ class DraftWorker:
             s.kv_len += m
         s.tokens.extend(new_tokens)
         s.written = []
+        self._register(s)
 
     def free(self, seq_id: int) -> None:
         s = self.seqs.pop(seq_id, None)
         if s is not None:
+            self._register(s)
             self.cache.release(s.slot)
+
+    def _register(self, s: _DraftSeq) -> None:
+        """Full blocks of committed tokens with KV; the last token's column may be rewritten, so not its block."""
+        if self.prefix_caching:
+            self.cache.register(s.slot, s.tokens, min(s.kv_len, len(s.tokens) - 1))
+
+    def _map(self, seqs: list[_DraftSeq], ends: list[int]) -> None:
+        """Map columns 0..end-1 of each sequence, evicting the KV of others (LRU) when blocks run out."""
+        self._forwards += 1
+        batch = {id(s) for s in seqs}
+        for s, end in zip(seqs, ends):
+            s.used = self._forwards
+            need = self.cache.blocks_needed(s.slot, end)
+            while not self.cache.blocks.can_allocate(need):
+                others = [o for o in self.seqs.values() if id(o) not in batch and self.cache.tables[o.slot]]
+                if not others:
+                    raise MemoryError(f"the draft's KV cache cannot hold this batch of {len(seqs)} sequences")
+                victim = min(others, key=lambda o: o.used)
+                self._register(victim)
+                self.cache.drop(victim.slot)
+                victim.kv_len, victim.written = 0, []
+                self.evictions += 1
+            self.cache.ensure(s.slot, end)
 
     def _propose(self, logits: torch.Tensor, seqs: list[_DraftSeq]) -> tuple[list[int], list | None]:
         """Draw one token per row from the proposal q; return the tokens and q's sparse support (or None)."""
@@ -111,17 +161,47 @@ class DraftWorker:
 
     def _catch_up_rows(self, seqs: list[_DraftSeq]) -> tuple[list[list[int]], list[int]]:
         """Tokens each sequence must (re)feed so its last committed token's output is computed."""
+        for s in seqs:
+            if self.prefix_caching and s.kv_len == 0 and not self.cache.tables[s.slot]:
+                s.kv_len = self.cache.match_prefix(s.slot, s.tokens)
         starts = [min(s.kv_len, len(s.tokens) - 1) for s in seqs]
         return [s.tokens[st:] for s, st in zip(seqs, starts)], starts
 
-    @torch.inference_mode()
+    def _groups(self, seq_ids: list) -> list[list]:
+        """Consecutive groups of sequences whose committed KV fits at once (one group unless KV is short)."""
+        cap = self.cache.blocks.num_blocks - self.cache.blocks.reserved
+        groups, used = [[]], 0
+        for i in seq_ids:
+            need = blocks_for(len(self.seqs[i].tokens) + self.k + 1, self.cache.block_size)
+            if groups[-1] and used + need > cap:
+                groups.append([])
+                used = 0
+            groups[-1].append(i)
+            used += need
+        return groups
+
     def jit(self, seq_ids: list[int], k: int | None = None) -> list[Speculation]:
         """Decode k tokens now for each sequence (the speculation for its next verification)."""
+        return [sp for group in self._groups(seq_ids) for sp in self._jit(group, k)]
+
+    def speculate(self, items: list[tuple[int, list[int]]]) -> dict[int, dict[tuple[int, int], CacheEntry]]:
+        """For each (seq_id, speculation being verified): cache entries keyed by the anticipated (j, t*)."""
+        t0 = time.perf_counter()
+        specs = dict(items)
+        out = {}
+        for group in self._groups([i for i, _ in items]):
+            out |= self._speculate([(i, specs[i]) for i in group])
+        self.last_speculate_s = time.perf_counter() - t0
+        return out
+
+    @torch.inference_mode()
+    def _jit(self, seq_ids: list[int], k: int | None = None) -> list[Speculation]:
         k = self.k if k is None else k
         seqs = [self.seqs[i] for i in seq_ids]
         k_eff = [max(0, min(k, self.max_len - len(s.tokens))) for s in seqs]
         specs = [Speculation([], [] if s.params.temperature else None) for s in seqs]
         rows, starts = self._catch_up_rows(seqs)
+        self._map(seqs, [st + len(r) + max(0, ke - 1) for st, r, ke in zip(starts, rows, k_eff)])
         t0 = time.perf_counter()
         for step in range(max(k_eff, default=0)):
             active = [b for b in range(len(seqs)) if k_eff[b] > step]
@@ -144,13 +224,12 @@ class DraftWorker:
         return specs
 
     @torch.inference_mode()
-    def speculate(self, items: list[tuple[int, list[int]]]) -> dict[int, dict[tuple[int, int], CacheEntry]]:
-        """For each (seq_id, speculation being verified): cache entries keyed by the anticipated (j, t*)."""
-        t0 = time.perf_counter()
+    def _speculate(self, items: list[tuple[int, list[int]]]) -> dict[int, dict[tuple[int, int], CacheEntry]]:
         seqs = [self.seqs[i] for i, _ in items]
         specs = [list(s) for _, s in items]
         rows, starts = self._catch_up_rows(seqs)
         rows = [r + sp for r, sp in zip(rows, specs)]
+        self._map(seqs, [st + len(r) for st, r in zip(starts, rows)])
         fb = ForwardBatch.ragged(rows, starts, [s.slot for s in seqs], self.device)
         hidden = self.model(fb, self.cache)
         # the outputs at the last committed token and at s1..sK: the draft's view of t* for j = 0..len(sp)
@@ -162,8 +241,11 @@ class DraftWorker:
             fan = self.fanout[:len(sp)] + [self.fanout[-1]]
             forks_per_seq.append(select_forks(logits[at:at + len(sp) + 1], torch.tensor(sp, dtype=torch.long), fan))
             at += len(sp) + 1
+        for s, sp, forks in zip(seqs, specs, forks_per_seq):
+            self.cache.ensure(s.slot, len(s.tokens) + len(sp) + 1 + len(forks) * self.k, scratch=True)
         entries = self._grow_branches(seqs, specs, forks_per_seq)
-        self.last_speculate_s = time.perf_counter() - t0
+        for s, sp in zip(seqs, specs):
+            self.cache.trim(s.slot, len(s.tokens) + len(sp))
         return {seq_id: e for (seq_id, _), e in zip(items, entries)}
 
     def _grow_branches(self, seqs, specs, forks_per_seq) -> list[dict[tuple[int, int], CacheEntry]]:

@@ -22,6 +22,7 @@ from ssd.engine.sequence import Sequence
 from ssd.engine.stats import SpecStats
 from ssd.engine.target import TargetWorker, VerifyItem
 from ssd.models.decoder import Decoder
+from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE
 from ssd.params import speculation_room
 from ssd.sampling import SamplingParams
 from ssd.spec.backup import BackupPolicy, BackupTimings, choose_backup
@@ -62,7 +63,8 @@ class _Round:
 
 class SpeculativeEngine(Engine):
     def __init__(self, target: Decoder, draft: Decoder, spec: SpecConfig | None = None, max_batch: int = 8,
-                 max_len: int | None = None, eos_token_ids: tuple[int, ...] | None = None):
+                 max_len: int | None = None, eos_token_ids: tuple[int, ...] | None = None, kv_tokens: int = 0,
+                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True):
         super().__init__()
         self.spec = spec or SpecConfig()
         cfg = target.cfg
@@ -71,8 +73,9 @@ class SpeculativeEngine(Engine):
         self.max_len = min(max_len or 2048, cfg.max_position_embeddings, draft.cfg.max_position_embeddings)
         self.eos_token_ids = frozenset(cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.vocab_size = cfg.vocab_size
-        self.target = TargetWorker(target, max_batch, self.max_len)
-        self.draft = DraftWorker(draft, max_batch, self.max_len, self.spec.k, list(self.spec.fanout))
+        self.target = TargetWorker(target, max_batch, self.max_len, kv_tokens, block_size, prefix_caching)
+        self.draft = DraftWorker(draft, max_batch, self.max_len, self.spec.k, list(self.spec.fanout), kv_tokens,
+                                 block_size, prefix_caching)
         self.cache = SpeculationCache()
         self.timings = BackupTimings(k=self.spec.k)
         self.stats = SpecStats()

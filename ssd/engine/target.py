@@ -12,8 +12,11 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
+from ssd.models.blocks import PrefixStats
 from ssd.models.decoder import Decoder, ForwardBatch
+from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
 from ssd.sampling import SamplingParams, make_generator, probs_from_logits, sample
 from ssd.spec.verify import verify_greedy_batch, verify_sampling
 
@@ -40,16 +43,32 @@ class _TargetSeq:
     params: SamplingParams
     slot: int
     generator: torch.Generator | None = field(default=None)
+    kv: int = 0     # tokens[:kv] have KV in the cache (0 after preemption: recomputed when next used)
+    used: int = 0   # the last forward that used it (preemption takes the least recently used first)
 
 
 class TargetWorker:
-    def __init__(self, model: Decoder, max_seqs: int, max_len: int):
+    """`kv_tokens` bounds the KV cache (0 = every slot at full length); when a forward needs more blocks than
+    are free, sequences outside it are preempted (their KV dropped, recomputed when next verified) and a batch
+    that still does not fit runs in chunks. Full blocks of committed tokens are shared through the prefix cache."""
+
+    def __init__(self, model: Decoder, max_seqs: int, max_len: int, kv_tokens: int = 0,
+                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True):
         self.model = model
         self.max_len = max_len
-        self.cache = model.make_cache(max_seqs, max_len)
+        self.cache = model.make_cache(max_seqs, max_len, num_blocks=blocks_for(kv_tokens, block_size) or None,
+                                      block_size=block_size)
+        if self.cache.capacity_tokens < max_len:
+            raise ValueError(f"a KV cache of {self.cache.capacity_tokens} tokens cannot hold one sequence of "
+                             f"the maximum length {max_len}")
+        self.prefix_caching = prefix_caching
         self.seqs: dict[int, _TargetSeq] = {}
         self.device = model.embed.device
         self.last_verify_s = 0.0
+        self.prefill_tokens = 0    # prompt tokens run through the model (prefix-cache hits excluded)
+        self.recomputed_tokens = 0  # tokens run again after a preemption
+        self.preemptions = 0
+        self._forwards = 0
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.seqs
@@ -58,29 +77,100 @@ class TargetWorker:
     def free_slots(self) -> int:
         return self.cache.free_slots
 
+    @property
+    def prefix_stats(self) -> PrefixStats:
+        return self.cache.blocks.stats
+
     def committed(self, seq_id: int) -> list[int]:
         return self.seqs[seq_id].tokens
 
     @torch.inference_mode()
     def prefill(self, requests: list[tuple[int, list[int], SamplingParams]]) -> list[int]:
         """Add sequences and return each one's first generated token."""
-        new = []
-        for seq_id, prompt, params in requests:
-            if seq_id in self.seqs:
-                raise ValueError(f"sequence {seq_id} already exists on the target")
-            if not 0 < len(prompt) < self.max_len:
-                raise ValueError(f"prompt length {len(prompt)} must be in 1..{self.max_len - 1}")
-            seq = _TargetSeq(list(prompt), params, self.cache.allocate(), make_generator(params.seed))
-            self.seqs[seq_id] = seq
-            new.append(seq)
-        fb = ForwardBatch.ragged([s.tokens for s in new], [0] * len(new), [s.slot for s in new], self.device)
-        last = torch.tensor([len(s.tokens) - 1 for s in new], device=self.device)
-        hidden = self.model(fb, self.cache)[torch.arange(len(new), device=self.device), last]
-        probs = probs_from_logits(self.model.logits(hidden), [s.params for s in new])
+        new = self._add(requests, lambda n: 0 < n < self.max_len, "prompt length {n} must be in 1..{m}")
+        hidden = self._run([(s, []) for s in new], prefill=True)
+        probs = probs_from_logits(self.model.logits(torch.cat(hidden)), [s.params for s in new])
         firsts = sample(probs, [s.generator for s in new]).tolist()
         for s, t in zip(new, firsts):
             s.tokens.append(t)
         return firsts
+
+    def _add(self, requests, ok, problem) -> list[_TargetSeq]:
+        new = []
+        for seq_id, tokens, params in requests:
+            if not ok(len(tokens)):
+                raise ValueError(problem.format(n=len(tokens), m=self.max_len - 1, M=self.max_len))
+        for seq_id, tokens, params in requests:
+            if seq_id in self.seqs:
+                raise ValueError(f"sequence {seq_id} already exists on the target")
+            seq = _TargetSeq(list(tokens), params, self.cache.allocate(), make_generator(params.seed))
+            self.seqs[seq_id] = seq
+            new.append(seq)
+        return new
+
+    def _run(self, pairs: list[tuple[_TargetSeq, list[int]]], prefill: bool = False) -> list[torch.Tensor]:
+        """Forward each sequence's tokens without KV plus `extra` speculated tokens; returns, per pair, the
+        hidden states of its last committed token and the extra ones. Runs in chunks when KV is short."""
+        out: list[torch.Tensor] = []
+        i = 0
+        while i < len(pairs):
+            j = self._fit(pairs, i)
+            chunk = pairs[i:j]
+            self._forwards += 1
+            rows = [s.tokens[s.kv:] + extra for s, extra in chunk]
+            fb = ForwardBatch.ragged(rows, [s.kv for s, _ in chunk], [s.slot for s, _ in chunk], self.device)
+            hidden = self.model(fb, self.cache)
+            for r, (s, extra) in enumerate(chunk):
+                n, m = len(rows[r]), len(extra) + 1
+                out.append(hidden[r, n - m:n])
+                fresh = len(s.tokens) - s.kv
+                if prefill:
+                    self.prefill_tokens += fresh
+                else:
+                    self.recomputed_tokens += fresh - 1
+                s.kv, s.used = len(s.tokens), self._forwards
+                if self.prefix_caching:
+                    self.cache.register(s.slot, s.tokens, s.kv)
+            i = j
+        return out
+
+    def _fit(self, pairs, i: int) -> int:
+        """Map blocks for pairs[i:j] with j as large as possible (at least i+1), preempting others."""
+        chunk: set[int] = set()
+        later = {id(s): n for n, (s, _) in enumerate(pairs[i:])}
+        for k in range(i, len(pairs)):
+            s, extra = pairs[k]
+            chunk.add(id(s))
+            if s.kv == 0 and not self.cache.tables[s.slot] and self.prefix_caching:
+                s.kv = self.cache.match_prefix(s.slot, s.tokens)
+            need = self.cache.blocks_needed(s.slot, len(s.tokens) + len(extra))
+            while not self.cache.blocks.can_allocate(need):
+                victim = self._victim(chunk, later)
+                if victim is None:
+                    if k == i:
+                        raise MemoryError(f"the KV cache cannot hold one sequence of {len(s.tokens)} tokens")
+                    return k
+                self._preempt(victim)
+            self.cache.ensure(s.slot, len(s.tokens) + len(extra))
+        return len(pairs)
+
+    def _victim(self, chunk: set[int], later: dict[int, int]) -> _TargetSeq | None:
+        """Least recently used among sequences this call does not need, then the last pending one."""
+        best, best_key = None, None
+        for s in self.seqs.values():
+            if id(s) in chunk or not self.cache.tables[s.slot]:
+                continue
+            key = (1, -later[id(s)]) if id(s) in later else (0, s.used)
+            if best_key is None or key < best_key:
+                best, best_key = s, key
+        return best
+
+    def _preempt(self, s: _TargetSeq) -> None:
+        if self.prefix_caching:
+            self.cache.register(s.slot, s.tokens, s.kv)
+        self.cache.drop(s.slot)
+        s.kv = 0
+        self.preemptions += 1
 
     def check(self, item: VerifyItem) -> str | None:
         """Why a verify item from a peer cannot be run (None when it can)."""
@@ -100,22 +190,16 @@ class TargetWorker:
                     return "a speculated token lies outside its proposal's support"
         return None
 
-    @torch.inference_mode()
     def restore(self, requests: list[tuple[int, list[int], SamplingParams]]) -> None:
-        """Re-create sequences from all their committed tokens (another target failed): KV for all but the
-        last token, nothing sampled; the next verify continues exactly where the lost target stopped."""
-        new = []
-        for seq_id, tokens, params in requests:
-            self.free(seq_id)
+        """Re-create sequences from all their committed tokens (another target failed), nothing sampled. Their
+        KV (all but the last token) is computed by the next verify, which continues exactly where the lost
+        target stopped."""
+        for _, tokens, _ in requests:
             if not 1 < len(tokens) <= self.max_len:
                 raise ValueError(f"restore needs 2..{self.max_len} committed tokens, got {len(tokens)}")
-            seq = _TargetSeq(list(tokens), params, self.cache.allocate(), make_generator(params.seed))
-            self.seqs[seq_id] = seq
-            new.append(seq)
-        if new:
-            fb = ForwardBatch.ragged([s.tokens[:-1] for s in new], [0] * len(new), [s.slot for s in new],
-                                     self.device)
-            self.model(fb, self.cache)
+        for seq_id, _, _ in requests:
+            self.free(seq_id)
+        self._add(requests, lambda n: True, "")
 
     @torch.inference_mode()
     def verify(self, items: list[VerifyItem]) -> list[Outcome]:
@@ -124,13 +208,13 @@ class TargetWorker:
         for it, s in zip(items, seqs):
             if len(s.tokens) + len(it.tokens) > self.max_len:
                 raise ValueError(f"sequence {it.seq_id}: speculation runs past the maximum length {self.max_len}")
-        rows = [[s.tokens[-1], *it.tokens] for it, s in zip(items, seqs)]
-        fb = ForwardBatch.ragged(rows, [len(s.tokens) - 1 for s in seqs], [s.slot for s in seqs], self.device)
-        logits = self.model.logits(self.model(fb, self.cache))  # [B, Kmax+1, V]
+        hidden = self._run([(s, list(it.tokens)) for it, s in zip(items, seqs)])
+        logits = self.model.logits(pad_sequence(hidden, batch_first=True))  # [B, Kmax+1, V]
         outcomes = self._outcomes(items, seqs, logits)
         for out, it, s in zip(outcomes, items, seqs):
             s.tokens.extend(it.tokens[:out.accepted])
             s.tokens.append(out.token)
+            s.kv += out.accepted
         self.last_verify_s = time.perf_counter() - t0
         return outcomes
 
@@ -161,4 +245,6 @@ class TargetWorker:
     def free(self, seq_id: int) -> None:
         seq = self.seqs.pop(seq_id, None)
         if seq is not None:
+            if self.prefix_caching:
+                self.cache.register(seq.slot, seq.tokens, seq.kv)
             self.cache.release(seq.slot)

@@ -15,7 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssd.config import ModelConfig
-from ssd.models.kv_cache import KVCache
+from ssd.models.attention import paged_attention
+from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, PagedIndex
+from ssd.models.parallel import TPGroup
 from ssd.models.rope import RotaryTable, apply_rotary
 
 
@@ -28,7 +30,7 @@ class ForwardBatch:
     valid: torch.Tensor | None = None  # [B, T] bool; padding is neither written nor used
     cols: torch.Tensor | None = None   # [B, T] long, KV column written per token (default: positions)
     attn_mask: torch.Tensor | None = None  # [B, T, kv_len] bool, True = attend
-    contiguous_from: int | None = None     # first slot when slots are consecutive (cache read is a view)
+    causal: bool = False                   # the mask is plain causal by position (rows end at their last token)
 
     @classmethod
     def ragged(cls, tokens: list[list[int]], starts: list[int], slots: list[int], device=None) -> "ForwardBatch":
@@ -50,11 +52,9 @@ class ForwardBatch:
         mask = None
         if T > 1 or len(set(s + n for s, n in zip(starts, lengths))) > 1:
             mask = torch.arange(kv_len)[None, None, :] <= positions[:, :, None]
-        first = slots[0]
-        contiguous = first if slots == list(range(first, first + B)) else None
         return cls(ids.to(device), positions.to(device), torch.tensor(slots, dtype=torch.long, device=device),
                    kv_len, None if valid is None else valid.to(device), None,
-                   None if mask is None else mask.to(device), contiguous)
+                   None if mask is None else mask.to(device), True)
 
 
 class RMSNorm(nn.Module):
@@ -75,9 +75,12 @@ def _param(*shape) -> nn.Parameter:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None):
         super().__init__()
-        self.h, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.tp = tp
+        a, b = (0, cfg.num_kv_heads) if tp is None else tp.kv_heads(cfg.num_kv_heads)
+        self.hkv, self.d = b - a, cfg.head_dim
+        self.h = self.hkv * (cfg.num_heads // cfg.num_kv_heads)
         self.q_size, self.kv_size = self.h * self.d, self.hkv * self.d
         self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size)
         self.qkv_bias = _param(self.q_size + 2 * self.kv_size) if cfg.attention_bias else None
@@ -86,7 +89,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, layer: int):
+    def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, index: PagedIndex, layer: int):
         B, T, _ = x.shape
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
@@ -94,50 +97,60 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        cols = batch.positions if batch.cols is None else batch.cols
-        cache.write(layer, batch.slots, cols, k, v, batch.valid)
-        keys, values = cache.read(layer, batch.slots, batch.kv_len, batch.contiguous_from)
-        mask = None if batch.attn_mask is None else batch.attn_mask[:, None]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
-                                             enable_gqa=self.h != self.hkv)
-        return F.linear(out.transpose(1, 2).reshape(B, T, self.q_size), self.o_weight, self.o_bias)
+        cache.write(layer, index, k, v, batch.valid)
+        out = paged_attention(q, batch, cache, index, layer)
+        out = F.linear(out.reshape(B, T, self.q_size), self.o_weight)
+        out = self.tp.all_reduce(out) if self.tp is not None else out
+        return out if self.o_bias is None else out + self.o_bias
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None):
         super().__init__()
-        self.inter = cfg.intermediate_size
-        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size)
-        self.gate_up_bias = _param(2 * cfg.intermediate_size) if cfg.mlp_bias else None
-        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size)
+        self.tp = tp
+        self.inter = cfg.intermediate_size // (1 if tp is None else tp.size)
+        self.gate_up_weight = _param(2 * self.inter, cfg.hidden_size)
+        self.gate_up_bias = _param(2 * self.inter) if cfg.mlp_bias else None
+        self.down_weight = _param(cfg.hidden_size, self.inter)
         self.down_bias = _param(cfg.hidden_size) if cfg.mlp_bias else None
 
     def forward(self, x):
         gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).split(self.inter, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+        out = F.linear(F.silu(gate) * up, self.down_weight)
+        out = self.tp.all_reduce(out) if self.tp is not None else out
+        return out if self.down_bias is None else out + self.down_bias
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None):
         super().__init__()
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, tp)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
-    def forward(self, x, cos, sin, batch, cache, layer):
-        x = x + self.attn(self.input_norm(x), cos, sin, batch, cache, layer)
+    def forward(self, x, cos, sin, batch, cache, index, layer):
+        x = x + self.attn(self.input_norm(x), cos, sin, batch, cache, index, layer)
         return x + self.mlp(self.post_attn_norm(x))
 
 
 class Decoder(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """With a `TPGroup`, this rank holds its share of the heads, the MLP and the output layer's vocabulary
+    (column-parallel q/k/v, gate/up and lm_head; row-parallel o and down, summed by all-reduce); every rank
+    runs the same forward on the same batch and gets the full logits."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None):
         super().__init__()
-        self.cfg = cfg
+        if tp is not None:
+            tp.check(cfg)
+        self.cfg, self.tp = cfg, tp
         self.embed = _param(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
+        if tp is not None:
+            self.lm_head = _param(tp.vocab_shard(cfg.vocab_size), cfg.hidden_size)
+        else:
+            self.lm_head = None if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
         self._rope: RotaryTable | None = None
 
     def rope(self, positions: int) -> RotaryTable:
@@ -146,16 +159,25 @@ class Decoder(nn.Module):
             self._rope = RotaryTable(self.cfg, n, device=self.embed.device, dtype=self.embed.dtype)
         return self._rope
 
-    def make_cache(self, num_slots: int, max_len: int, scratch: int = 0) -> KVCache:
-        return KVCache(self.cfg, num_slots, max_len, scratch, dtype=self.embed.dtype, device=self.embed.device)
+    def make_cache(self, num_slots: int, max_len: int, scratch: int = 0, num_blocks: int | None = None,
+                   block_size: int = DEFAULT_BLOCK_SIZE, reserved_blocks: int = 0) -> KVCache:
+        """A paged cache; `num_blocks` defaults to room for every slot at full length plus scratch."""
+        return KVCache(self.cfg, num_slots, max_len, scratch, self.embed.dtype, self.embed.device, num_blocks,
+                       block_size, reserved_blocks, self.layers[0].attn.hkv)
 
     def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         """Final-normed hidden states [B, T, hidden] for every token of the batch."""
         x = F.embedding(batch.input_ids, self.embed)
         cos, sin = self.rope(cache.num_columns).lookup(batch.positions)
+        cols = batch.positions if batch.cols is None else batch.cols
+        last = batch.positions[:, -1] if batch.valid is None else batch.positions.masked_fill(
+            ~batch.valid, -1).amax(dim=1)
+        index = cache.index(batch.slots, cols, batch.valid, batch.kv_len, last + 1)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, batch, cache, i)
+            x = layer(x, cos, sin, batch, cache, index, i)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.tp is not None:
+            return self.tp.gather_vocab(F.linear(hidden, self.lm_head).float(), self.cfg.vocab_size)
         return F.linear(hidden, self.embed if self.lm_head is None else self.lm_head).float()

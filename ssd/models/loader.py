@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from ssd.config import ModelConfig
 from ssd.models.decoder import Decoder
+from ssd.models.parallel import TPGroup
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -93,35 +94,49 @@ def read_state_dict(folder: Path, cfg: ModelConfig, progress: bool | None = None
 
 
 def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               progress: bool | None = None) -> Decoder:
+               progress: bool | None = None, tp: TPGroup | None = None) -> Decoder:
+    """With `tp`, this rank keeps its shard: its heads of q/k/v and o, its part of gate/up and down (rows,
+    columns) and of lm_head's vocabulary."""
     folder = Path(folder)
     cfg = ModelConfig.from_folder(folder)
     sd = read_state_dict(folder, cfg, progress)
-    model = Decoder(cfg)
+    model = Decoder(cfg, tp)
     cat = torch.cat
+
+    def heads(t, dim=0):
+        return t if tp is None else tp.head_rows(t, cfg.num_kv_heads, dim)
+
+    def rows(t):
+        return t if tp is None else tp.shard_rows(t)
+
+    def cols(t):
+        return t if tp is None else tp.shard_cols(t)
 
     def put(param: torch.nn.Parameter, value: torch.Tensor):
         param.data = value.to(device=device, dtype=dtype).contiguous()
 
     put(model.embed, sd["model.embed_tokens.weight"])
     put(model.norm.weight, sd["model.norm.weight"])
-    if model.lm_head is not None:
+    if tp is not None:
+        put(model.lm_head, tp.vocab_rows(sd["model.embed_tokens.weight" if cfg.tie_word_embeddings
+                                            else "lm_head.weight"]))
+    elif model.lm_head is not None:
         put(model.lm_head, sd["lm_head.weight"])
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         a, m = p + "self_attn.", p + "mlp."
-        put(layer.attn.qkv_weight, cat([sd[a + f"{x}_proj.weight"] for x in "qkv"]))
-        put(layer.attn.o_weight, sd[a + "o_proj.weight"])
+        put(layer.attn.qkv_weight, cat([heads(sd[a + f"{x}_proj.weight"]) for x in "qkv"]))
+        put(layer.attn.o_weight, heads(sd[a + "o_proj.weight"], dim=1))
         if layer.attn.qkv_bias is not None:
-            put(layer.attn.qkv_bias, cat([sd[a + f"{x}_proj.bias"] for x in "qkv"]))
+            put(layer.attn.qkv_bias, cat([heads(sd[a + f"{x}_proj.bias"]) for x in "qkv"]))
             put(layer.attn.o_bias, sd[a + "o_proj.bias"])
         if layer.attn.q_norm is not None:
             put(layer.attn.q_norm.weight, sd[a + "q_norm.weight"])
             put(layer.attn.k_norm.weight, sd[a + "k_norm.weight"])
-        put(layer.mlp.gate_up_weight, cat([sd[m + "gate_proj.weight"], sd[m + "up_proj.weight"]]))
-        put(layer.mlp.down_weight, sd[m + "down_proj.weight"])
+        put(layer.mlp.gate_up_weight, cat([rows(sd[m + "gate_proj.weight"]), rows(sd[m + "up_proj.weight"])]))
+        put(layer.mlp.down_weight, cols(sd[m + "down_proj.weight"]))
         if layer.mlp.gate_up_bias is not None:
-            put(layer.mlp.gate_up_bias, cat([sd[m + "gate_proj.bias"], sd[m + "up_proj.bias"]]))
+            put(layer.mlp.gate_up_bias, cat([rows(sd[m + "gate_proj.bias"]), rows(sd[m + "up_proj.bias"])]))
             put(layer.mlp.down_bias, sd[m + "down_proj.bias"])
         put(layer.input_norm.weight, sd[p + "input_layernorm.weight"])
         put(layer.post_attn_norm.weight, sd[p + "post_attention_layernorm.weight"])
