@@ -59,10 +59,13 @@ def test_rendered_args_parse_as_ssd_commands(chart, case, capsys):
 
 def test_flags_carry_the_values(chart):
     docs = render_docs(chart, {"target": {"tensorParallelSize": 4, "maxSeqs": 7, "threads": 2},
-                               "draft": {"k": 5, "budget": 9}, "router": {"maxBatch": 3, "mode": "sd"}})
+                               "draft": {"k": 5, "budget": 9},
+                               "router": {"maxBatch": 3, "mode": "sd", "terminationGracePeriodSeconds": 40,
+                                          "preStopSleepSeconds": 5}})
     parsed = {args[0]: load_config(CONFIGS[args[0]], known_args(args[0], args[1:]), args[0], env={})
               for _, args in ssd_commands(docs)}
     assert (parsed["target"].tp_size, parsed["target"].max_seqs, parsed["target"].threads) == (4, 7, 2)
     assert (parsed["draft"].k, parsed["draft"].budget) == (5, 9)
     assert (parsed["router"].max_batch, parsed["router"].mode, parsed["router"].discovery) == (3, "sd", "kubernetes")
+    assert parsed["router"].drain_timeout == 30  # the grace period less the preStop sleep and a 5 s margin
     assert parsed["target"].data_address == "tcp://0.0.0.0:5601" and parsed["target"].control_address == "0.0.0.0:5701"
