@@ -18,7 +18,7 @@ from ssd.client import Client
 from ssd.launcher import Stack, StackConfig
 from ssd.prompts import PROMPTS_BY_KIND
 
-MODES = ("ar", "sd", "ssd")
+MODES = ("ar", "sd", "ssd", "ssd-auto")  # sd and ssd pin K (speculation.k); ssd-auto lets the router adapt it
 
 
 def _totals(client: Client) -> dict:
@@ -43,12 +43,14 @@ def _diff(after: dict, before: dict) -> dict:
     return out
 
 
-def run_mode(client: Client, prompts: list[str], mode: str, batch: int, new_tokens: int) -> dict:
+def run_mode(client: Client, prompts: list[str], mode: str, batch: int, new_tokens: int, k: int = 0) -> dict:
+    """One mode at one batch size. "sd"/"ssd" run with K pinned to k; "ssd-auto" lets the router choose K."""
+    mode, k = ("ssd", 0) if mode == "ssd-auto" else (mode, k if mode != "ar" else 0)
     before = _totals(client)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(batch) as pool:
         results = list(pool.map(lambda p: client.generate(p, chat=True, max_tokens=new_tokens, ignore_eos=True,
-                                                          mode=mode), prompts))
+                                                          mode=mode, k=k), prompts))
     wall = time.perf_counter() - t0
     d = _diff(_totals(client), before)
     tokens = sum(r.completion_tokens for r in results)
@@ -82,16 +84,19 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
     with Stack(cfg) as stack, Client(stack.grpc_address, timeout=3600) as client:
         client.generate(prompts[0], chat=True, max_tokens=4, mode="ssd")  # warm-up
         for b in batches:
-            per = {m: run_mode(client, prompts, m, b, new_tokens) for m in MODES}
-            ar, sd, ssd = (per[m]["tok_s"] for m in MODES)
+            per = {m: run_mode(client, prompts, m, b, new_tokens, k) for m in MODES}
+            ar, sd, ssd, auto = (per[m]["tok_s"] for m in MODES)
             s = per["ssd"]
-            rows[str(b)] = {"ar_tok_s": ar, "sd_tok_s": sd, "ssd_tok_s": ssd, "ssd_over_sd": ssd / sd,
+            rows[str(b)] = {"ar_tok_s": ar, "sd_tok_s": sd, "ssd_tok_s": ssd, "ssd_auto_tok_s": auto,
+                            "auto_over_best_fixed": auto / max(ar, sd, ssd),
+                            "auto_tokens_per_round": per["ssd-auto"]["tokens_per_round"], "ssd_over_sd": ssd / sd,
                             "ssd_over_ar": ssd / ar, "sd_over_ar": sd / ar, "hit_rate": s["hit_rate"],
                             "late_rate": s["late_rate"], "acceptance": s["acceptance"],
                             "tokens_per_round": s["tokens_per_round"],
                             "bound_fraction": ssd / s["bound_tok_s"] if s["bound_tok_s"] else 0.0,
                             "overhead_fraction": s["overhead_fraction"], "modes": per}
-            log(f"batch {b}: AR {ar:.1f}  SD {sd:.1f}  SSD {ssd:.1f} tok/s  (SSD/SD {ssd / sd:.2f}, "
+            log(f"batch {b}: AR {ar:.1f}  SD {sd:.1f}  SSD {ssd:.1f}  SSD-adaptive {auto:.1f} tok/s  "
+                f"(adaptive/best fixed {auto / max(ar, sd, ssd):.2f}; SSD/SD {ssd / sd:.2f}, "
                 f"SSD/AR {ssd / ar:.2f}; hit {s['hit_rate']:.2f}, late {s['late_rate']:.2f}, a {s['acceptance']:.2f}, "
                 f"overhead {s['overhead_fraction']:.3f})")
     result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "new_tokens": new_tokens,
@@ -104,10 +109,11 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
 
 
 def markdown(result: dict) -> str:
-    lines = ["| batch | AR tok/s | SD tok/s | SSD tok/s | SSD/SD | SSD/AR | a | tokens/round | hit | late | "
-             "bound frac | overhead |", "|" + "---|" * 12]
+    lines = ["| batch | AR tok/s | SD tok/s | SSD tok/s | SSD adaptive tok/s | adaptive / best fixed | SSD/SD | SSD/AR | "
+             "a | tokens/round | hit | late | bound frac | overhead |", "|" + "---|" * 14]
     for b, r in result["batch"].items():
         lines.append(f"| {b} | {r['ar_tok_s']:.1f} | {r['sd_tok_s']:.1f} | {r['ssd_tok_s']:.1f} | "
+                     f"{r['ssd_auto_tok_s']:.1f} | {r['auto_over_best_fixed']:.2f} | "
                      f"{r['ssd_over_sd']:.2f} | {r['ssd_over_ar']:.2f} | {r['acceptance']:.2f} | "
                      f"{r['tokens_per_round']:.2f} | {r['hit_rate']:.2f} | {r['late_rate']:.2f} | "
                      f"{r['bound_fraction']:.2f} | {r['overhead_fraction']:.3f} |")

@@ -27,6 +27,7 @@ import zmq
 from ssd import wire
 from ssd.engine.stats import SpecStats
 from ssd.params import FinishReason, SamplingParams, finish_reason, speculation_room
+from ssd.spec.adaptive import AdaptiveK
 from ssd.spec.backup import BackupPolicy, BackupTimings, choose_backup
 from ssd.spec.cache import CacheEntry, LookupReason, SpeculationCache
 from ssd.spec.ngram import ngram_propose
@@ -66,6 +67,9 @@ class Request:
     proposal: list | None = None
     spec_kind: str = ""
     draft_sent: int = 0            # committed tokens the draft knows
+    k_now: int = 0                 # draft tokens this round may use (the adaptive policy's K, or the fixed K)
+    since_probe: int = 0           # rounds run with speculation off since the last probe round
+    drafted: bool = False          # a DraftRound went out with this round (so a cache miss is informative)
     first_token_at: float | None = None
     last_emit_at: float = 0.0
     target: Peer | None = None     # the target this sequence is pinned to
@@ -82,6 +86,8 @@ class CoreConfig:
     draft_top_k: int = 32          # sampling: the draft's proposal support size
     saguaro_c: float = 1.0
     ready_timeout: float = 180.0
+    adaptive: bool = True          # K per round from measurements (ssd.spec.adaptive); False: always the draft's K
+    probe_every: int = 16          # with speculation off, one round in this many speculates to re-measure
 
 
 @dataclass(slots=True)
@@ -125,6 +131,9 @@ class RouterCore:
         self._sent_at: dict[int, float] = {}
         self.k = 0
         self.max_len = 0
+        self.adaptive: dict[str, AdaptiveK] = {}  # per speculating mode, made at handshake (K known)
+        self._choice: dict[str, int] = {}
+        self._adapt_logged = 0.0
         self._incoming: queue.Queue = queue.Queue()
         self._aborts: queue.Queue = queue.Queue()
         self.waiting: list[Request] = []
@@ -220,6 +229,9 @@ class RouterCore:
                 raise StartupError(problem)
         self.max_len = min(p.ready.max_len for p in peers)
         self.timings = BackupTimings(k=max(1, self.k))
+        if self.k and self.cfg.adaptive:
+            self.adaptive = {m: AdaptiveK(self.k, m, self.cfg.probe_every) for m in ("sd", "ssd")}
+            self._choice = {m: self.k for m in self.adaptive}
         log.info("workers ready: targets %s (%s), drafts %s; mode %s, K=%d", [p.address for p in self.targets],
                  t.model_id, [d.address for d in self.drafts], self.cfg.mode, self.k)
 
@@ -322,9 +334,11 @@ class RouterCore:
             t = self.times
             t.verify_batches += 1
             t.target_verify_s += msg.elapsed_s
-            roundtrip = time.monotonic() - self._sent_at.pop(msg.batch_id, time.monotonic())
+            sent, positions = self._sent_at.pop(msg.batch_id, (time.monotonic(), 0))
+            roundtrip = time.monotonic() - sent
             t.verify_roundtrip_s += roundtrip
             self.metrics.target_verify(msg.elapsed_s, len(msg.items))
+            adaptive_modes = set()
             self.metrics.router_hop(max(0.0, roundtrip - msg.elapsed_s))
             for out in msg.items:
                 req = self.active.get(out.seq)
@@ -337,10 +351,15 @@ class RouterCore:
                 self.metrics.round_finished(req.mode, len(req.spec), out.accepted, committed)
                 if req.spec_kind in ("jit", "ngram") and req.spec:
                     self.timings.observe_acceptance(BackupPolicy(req.spec_kind), out.accepted, len(req.spec))
+                if req.spec_kind in ("cache", "jit") and req.mode in self.adaptive:
+                    self.adaptive[req.mode].observe_round(len(req.spec), out.accepted)
+                    adaptive_modes.add(req.mode)
                 if req.finish is not None:
                     self._finish(req, req.finish)
                 else:
                     self._next(req, out.accepted, out.token)
+            for a in self.adaptive.values():
+                a.observe_verify(positions, roundtrip)
         elif isinstance(msg, wire.Prefilled):
             for seq, token in msg.items:
                 req = self.active.get(seq)
@@ -374,6 +393,8 @@ class RouterCore:
                 self.cache.publish(msg.seq, msg.round, entries)
         elif isinstance(msg, wire.JitResult):
             self.timings.observe_draft_step(len(msg.items), msg.elapsed_s / max(1, self.k))
+            for a in self.adaptive.values():
+                a.observe_draft_step(len(msg.items), msg.elapsed_s / max(1, self.k))
             self.times.jit_batches += 1
             self.times.jit_s += msg.elapsed_s
             self.metrics.jit(msg.elapsed_s)
@@ -422,8 +443,23 @@ class RouterCore:
 
     # ---- per-sequence decisions ---------------------------------------------------------------
     def _room(self, req: Request) -> int:
-        return speculation_room(req.k or self.k, req.params, len(req.output), len(req.prompt) + len(req.output),
+        return speculation_room(req.k_now, req.params, len(req.output), len(req.prompt) + len(req.output),
                                 self.max_len)
+
+    def _plan_k(self, req: Request) -> int:
+        """Draft tokens for the sequence's next round: the request's own K if it pinned one, else the adaptive
+        policy's choice for the current batch (with a probe round now and then while it is 0)."""
+        if req.mode == "ar":
+            return 0
+        if req.k or req.mode not in self.adaptive:
+            return req.k or self.k
+        k = self._choice.get(req.mode, self.k)
+        if k == 0:
+            req.since_probe += 1
+            if self.adaptive[req.mode].probe(req.since_probe):
+                req.since_probe = 0
+                return self.k
+        return k
 
     def _commit(self, req: Request, tokens: list[int]) -> int:
         n, now = 0, time.monotonic()
@@ -459,12 +495,18 @@ class RouterCore:
         req.draft_sent = len(tokens)
 
     def _next(self, req: Request, j: int, t: int) -> None:
-        """After an outcome: the next speculation from the cache, or a backup."""
+        """After an outcome: the next speculation from the cache, or a backup (none when K is 0)."""
+        req.k_now = self._plan_k(req)
         if req.mode == "ssd":
             entry, reason = self.cache.lookup(req.seq, req.round, j, t)
             self.cache.advance(req.seq, req.round + 1)
             req.stats.count("cache", reason.value)
             self.metrics.cache_lookup(reason.value)
+            if req.drafted and req.mode in self.adaptive:
+                self.adaptive[req.mode].observe_lookup(reason is LookupReason.HIT)
+            if req.k_now == 0:
+                self._backup(req, BackupPolicy.NONE)
+                return
             if reason is LookupReason.HIT:
                 room = self._room(req)
                 req.spec, req.spec_kind, req.phase = list(entry.tokens[:room]), "cache", Phase.READY
@@ -507,19 +549,36 @@ class RouterCore:
         ready = [r for r in self.active.values() if r.phase is Phase.READY]
         if not ready:
             return
+        self._adapt()
         verifies: dict[Peer, list] = {}
         rounds: dict[Peer, list] = {}
         for r in ready:
             r.phase = Phase.VERIFY
             verifies.setdefault(r.target, []).append(wire.VerifyItem(r.seq, r.spec, r.proposal))
-            if r.mode == "ssd" and r.draft is not None and r.draft.alive:
+            r.drafted = r.mode == "ssd" and r.draft is not None and r.draft.alive and \
+                (r.k_now > 0 or self._choice.get("ssd", self.k) > 0)
+            if r.drafted:
                 rounds.setdefault(r.draft, []).append(wire.DraftRoundItem(r.seq, r.round + 1, self._delta(r), r.spec))
         for t, items in verifies.items():
             batch_id = next(self._batches)
-            self._sent_at[batch_id] = time.monotonic()
+            self._sent_at[batch_id] = (time.monotonic(), sum(len(it.tokens) + 1 for it in items))
             t.send(wire.Verify(batch_id, items))
         for d, items in rounds.items():
             d.send(wire.DraftRound(items))
+
+    def _adapt(self) -> None:
+        """The adaptive policy's K per mode for the current batch size (logged and exported when it changes)."""
+        batch = len(self.active)
+        for mode, a in self.adaptive.items():
+            k = a.choose(batch)
+            if k != self._choice.get(mode):
+                now = time.monotonic()
+                level = logging.INFO if now - self._adapt_logged > 10.0 else logging.DEBUG  # at most one line in 10 s
+                self._adapt_logged = now if level == logging.INFO else self._adapt_logged
+                log.log(level, "adaptive speculation (%s, batch %d): K %s -> %d %s", mode, batch,
+                        self._choice.get(mode), k, a.summary(batch))
+                self._choice[mode] = k
+                self.metrics.set_speculation_k(mode, k)
 
     def _delta(self, req: Request) -> list[int]:
         tokens = req.prompt + req.output

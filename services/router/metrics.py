@@ -112,6 +112,9 @@ class RouterMetrics:
             ["kind"], registry=r)
         self.drafts_alive = Gauge(
             "ssd_drafts_alive", "Draft services currently connected and answering.", registry=r)
+        self.speculation_k = Gauge(
+            "ssd_speculation_k", "Draft tokens per round the adaptive policy currently runs (0 = speculation off), "
+            "by mode.", ["mode"], registry=r)
 
         # Step timings.
         self.verify_time = Histogram(
@@ -210,6 +213,9 @@ class RouterMetrics:
 
     def set_drafts_alive(self, n: int) -> None:
         self.drafts_alive.set(n)
+
+    def set_speculation_k(self, mode: str, k: int) -> None:
+        self.speculation_k.labels(mode).set(k)
 
     # Step timings --------------------------------------------------------------------------------------
 

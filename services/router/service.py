@@ -63,6 +63,11 @@ class RouterConfig:
     max_tokens_limit: int = field(default=2048, metadata={"help": "largest max_tokens a request may ask for"})
     draft_top_k: int = field(default=32, metadata={"help": "sampling: support size of the draft's proposals"})
     saguaro_c: float = field(default=1.0, metadata={"help": "Saguaro reshaping factor C (1 = off)"})
+    adaptive: bool = field(default=True, metadata={
+        "help": "choose K per round from measured acceptance and round times, down to 0 (speculation off) where "
+                "it does not pay; a request's speculation.k pins its K (false = always the draft's K)"})
+    probe_every: int = field(default=16, metadata={
+        "help": "adaptive: with speculation off, one round in this many speculates to re-measure acceptance"})
     ready_timeout: float = field(default=180.0, metadata={"help": "seconds to wait for the workers at start"})
     state_redis_url: str = field(default="", metadata={
         "help": "Redis URL of the request-state journal: streams survive a router failure and several routers "
@@ -310,7 +315,8 @@ def run(cfg: RouterConfig) -> int:
         return 2
     static = (list(cfg.targets), list(cfg.drafts)) if discovery is None else ([], [])
     core = RouterCore(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
-                                 cfg.ready_timeout), *static, tok.fingerprint, tok.eos_token_ids, discovery=discovery,
+                                 cfg.ready_timeout, cfg.adaptive, cfg.probe_every),
+                      *static, tok.fingerprint, tok.eos_token_ids, discovery=discovery,
                       curve=client_keys(cfg.curve_secret_key_file, cfg.curve_worker_key))
     metrics = RouterMetrics()
     core.metrics = metrics

@@ -63,8 +63,8 @@ BAD_FRAMES = {
     "single frame": [b"\x10"],
     "truncated msgpack": [bytes([0x10]), b"\x92\x01\x81\xa5items"],
     "wrong version": None,  # built below from a valid message
-    "oversized": [bytes([0x10]), b"\x00" * (wire.MAX_FRAME_BYTES + 1)],
 }
+OVERSIZED = [bytes([0x10]), b"\x00" * (wire.MAX_FRAME_BYTES + 1)]  # ZeroMQ drops the peer (MAXMSGSIZE): no reply
 
 
 def test_malformed_frames_are_rejected_logged_and_service_keeps_serving(stack, chat_prompts, ar_reference):
@@ -74,14 +74,19 @@ def test_malformed_frames_are_rejected_logged_and_service_keeps_serving(stack, c
     valid = wire.encode(wire.Free([12345]))
     frames = dict(BAD_FRAMES)
     frames["wrong version"] = [valid[0], valid[1].replace(b"\x01", b"\x09", 1)]
+    big = ctx.socket(zmq.DEALER)
+    big.connect(stack.target_data[0])
     try:
         for name, f in frames.items():
             sock.send_multipart(f)
             assert sock.poll(5000), f"no reply to the {name} frame"
             reply = wire.decode(sock.recv_multipart())
             assert isinstance(reply, wire.Error) and reply.code == "bad_frame", name
+        big.send_multipart(OVERSIZED)
+        assert not big.poll(1000), "an oversized frame must not be read, let alone answered"
     finally:
         sock.close(0)
+        big.close(0)
         ctx.term()
     outputs, _ = generate_all(stack.grpc_address, chat_prompts[:2], mode="ssd", max_tokens=16)
     assert outputs == [r[:16] for r in ar_reference[:2]]

@@ -1,0 +1,25 @@
+"""Adaptive speculation through the real stack: with the embedded test draft (it accepts ~4% of tokens) the
+router turns speculation off by itself, output stays identical, and a request that pins K still speculates."""
+import urllib.request
+
+from ssd.client import Client
+
+
+def gauge(stack, name: str) -> float:
+    text = urllib.request.urlopen(f"http://{stack.http_address}/metrics", timeout=30).read().decode()
+    line = next(line for line in text.splitlines() if line.startswith(name))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_a_useless_draft_turns_speculation_off_without_changing_output(stack, chat_prompts, ar_reference):
+    with Client(stack.grpc_address, timeout=600) as client:
+        for i in (3, 4, 5):
+            r = client.generate(chat_prompts[i], max_tokens=32, ignore_eos=True, mode="ssd")
+            assert r.token_ids == ar_reference[i]
+        assert gauge(stack, 'ssd_speculation_k{mode="ssd"}') == 0
+        off = client.generate(chat_prompts[6], max_tokens=32, ignore_eos=True, mode="ssd")
+        pinned = client.generate(chat_prompts[6], max_tokens=32, ignore_eos=True, mode="ssd", k=3)
+    assert off.token_ids == pinned.token_ids == ar_reference[6]
+    # Off: about one token per round (probe rounds aside); pinned: every round offered 3 draft tokens.
+    assert off.stats.rounds >= 25 and len(pinned.stats.acceptance_per_position) == 3
+    assert len(off.stats.acceptance_per_position) <= 3

@@ -1,0 +1,77 @@
+"""The adaptive K policy: acceptance bookkeeping, the Theorem 7 choice, turning speculation off and on."""
+import pytest
+
+from ssd.spec.adaptive import AdaptiveK
+
+
+def feed(a: AdaptiveK, accept_rate_by_position, rounds=400, k=3):
+    """Deterministic rounds whose conditional acceptance per position approaches the given rates."""
+    credit = [0.0] * k
+    for _ in range(rounds):
+        accepted = 0
+        for i, rate in enumerate(accept_rate_by_position[:k]):
+            credit[i] += rate
+            if credit[i] >= 1.0:
+                credit[i] -= 1.0
+                accepted += 1
+            else:
+                break
+        a.observe_round(k, accepted)
+
+
+def timings(a: AdaptiveK, verify_c0=0.05, verify_c1=0.002, draft_step=0.01):
+    for n in (1, 4, 8, 16, 32, 64):
+        a.observe_verify(n, verify_c0 + verify_c1 * n)
+    for b in (1, 4, 8, 16):
+        a.observe_draft_step(b, draft_step * (1 + 0.05 * b))
+
+
+def test_starts_speculating_from_the_prior():
+    assert AdaptiveK(4, "ssd").choose(1) > 0 and AdaptiveK(2, "sd").choose(1) == 2
+
+
+def test_acceptance_is_conditional_per_position():
+    a = AdaptiveK(3, "sd", decay=0.9)
+    for _ in range(200):
+        a.observe_round(3, 1)  # position 1 always accepted, position 2 always rejected, 3 never reached
+    assert a.acceptance[0] > 0.99 and a.acceptance[1] < 0.01 and a.acceptance[2] == pytest.approx(0.6)
+    a.observe_round(2, 2)  # fewer offered than K: positions past the offer are untouched
+    assert a.acceptance[2] == pytest.approx(0.6)
+
+
+def test_a_useless_draft_turns_speculation_off_and_a_good_one_on():
+    a = AdaptiveK(3, "sd")
+    timings(a)
+    feed(a, [0.03, 0.03, 0.03])
+    assert a.choose(1) == 0 and a.choose(16) == 0
+    feed(a, [0.9, 0.9, 0.9], rounds=600)
+    assert a.choose(1) == 3
+
+
+def test_the_choice_depends_on_the_batch_size():
+    """Verify cost that grows with the tokens in the batch (compute bound): speculation pays at batch 1 only."""
+    a = AdaptiveK(3, "sd")
+    timings(a, verify_c0=0.02, verify_c1=0.004, draft_step=0.002)
+    feed(a, [0.5, 0.5, 0.5])
+    assert a.choose(1) > 0 and a.choose(32) == 0
+    assert a.throughput(1, a.choose(1)) >= max(a.throughput(1, k) for k in range(4)) - 1e-12
+
+
+def test_ssd_discounts_draft_time_by_the_hit_rate():
+    sd, ssd = AdaptiveK(3, "sd"), AdaptiveK(3, "ssd")
+    for a in (sd, ssd):
+        timings(a, draft_step=0.03)
+        feed(a, [0.45, 0.45, 0.45])
+    for _ in range(300):
+        ssd.observe_lookup(True)
+    assert ssd.round_seconds(4, 3) < sd.round_seconds(4, 3)
+    assert ssd.choose(4) >= sd.choose(4)
+
+
+def test_probe_rounds_and_bad_arguments():
+    a = AdaptiveK(2, "ssd", probe_every=5)
+    assert not a.probe(4) and a.probe(5)
+    with pytest.raises(ValueError):
+        AdaptiveK(0)
+    with pytest.raises(ValueError):
+        AdaptiveK(2, "ar")
