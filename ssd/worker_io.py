@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from dataclasses import dataclass
 from typing import Callable
 
 import zmq
@@ -41,10 +43,19 @@ def bound_frames(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)
 
 
+@dataclass(frozen=True, slots=True)
+class PeerGone:
+    """Put on `inbox` (never on the wire) when a router has been silent for `peer_timeout` seconds: routers ping
+    every 0.5 s, so it died or lost its network; the compute loop frees that router's sequences."""
+    silent_s: float
+
+
 class WorkerEndpoint:
     def __init__(self, address: str, ready: Callable[[], wire.Ready], name: str = "worker",
-                 curve: ServerKeys | None = None):
+                 curve: ServerKeys | None = None, peer_timeout: float = 10.0):
         self.address, self.ready, self.name, self.curve = address, ready, name, curve
+        self.peer_timeout = peer_timeout
+        self._last_seen: dict[bytes, float] = {}
         self.inbox: queue.Queue = queue.Queue()
         self._outbox: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -92,6 +103,7 @@ class WorkerEndpoint:
         poller.register(sock, zmq.POLLIN)
         try:
             while not self._stop.is_set():
+                self._reap()
                 if poller.poll(2):
                     while True:
                         try:
@@ -114,8 +126,21 @@ class WorkerEndpoint:
                 auth.stop()
             ctx.term()
 
+    def _reap(self) -> None:
+        """Report the routers that fell silent (at most one check per second)."""
+        now = time.monotonic()
+        if now - getattr(self, "_reaped_at", 0.0) < 1.0:
+            return
+        self._reaped_at = now
+        for peer, seen in list(self._last_seen.items()):
+            if now - seen > self.peer_timeout:
+                del self._last_seen[peer]
+                log.warning("%s: peer %s silent for %.0f s: freeing its sequences", self.name, peer.hex(), now - seen)
+                self.inbox.put((peer, PeerGone(now - seen)))
+
     def _receive(self, sock, frames: list[bytes]) -> None:
         peer = frames[0]
+        self._last_seen[peer] = time.monotonic()
         try:
             msg = wire.decode(frames[1:])
         except wire.WireError as e:

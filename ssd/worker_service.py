@@ -19,7 +19,7 @@ from typing import Callable
 from ssd import wire
 from ssd.control import ControlServer
 from ssd.curve import server_keys
-from ssd.worker_io import WorkerEndpoint
+from ssd.worker_io import PeerGone, WorkerEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,13 @@ class Handler:
     def active_sequences(self) -> int:
         raise NotImplementedError
 
+    def forget_peer(self, peer: bytes) -> int:
+        """Frees every sequence of a router that went away (sequences are keyed (peer, seq)); returns how many."""
+        keys = [key for key in self.worker.seqs if key[0] == peer]
+        for key in keys:
+            self.worker.free(key)
+        return len(keys)
+
 
 def serve(handler: Handler, endpoint: WorkerEndpoint, control: ControlServer, stop: threading.Event) -> None:
     """Run the compute loop until `stop` is set; errors in one batch are reported to its peers, not fatal."""
@@ -84,6 +91,13 @@ def serve(handler: Handler, endpoint: WorkerEndpoint, control: ControlServer, st
                 batch.append(endpoint.inbox.get_nowait())
             except queue.Empty:
                 break
+        gone = [peer for peer, msg in batch if isinstance(msg, PeerGone)]
+        if gone:
+            batch = [(peer, msg) for peer, msg in batch if not isinstance(msg, PeerGone)]
+            for peer in gone:
+                log.info("freed %d sequences of the departed router %s", handler.forget_peer(peer), peer.hex())
+            if not batch:
+                continue
         try:
             handler.handle(batch)
         except Exception as e:  # a bug must not take the worker down for every other sequence

@@ -70,6 +70,7 @@ class Request:
     k_now: int = 0                 # draft tokens this round may use (the adaptive policy's K, or the fixed K)
     since_probe: int = 0           # rounds run with speculation off since the last probe round
     drafted: bool = False          # a DraftRound went out with this round (so a cache miss is informative)
+    verify_batch: int = 0          # the verify batch holding this round: only its outcome counts
     first_token_at: float | None = None
     last_emit_at: float = 0.0
     target: Peer | None = None     # the target this sequence is pinned to
@@ -88,6 +89,7 @@ class CoreConfig:
     ready_timeout: float = 180.0
     adaptive: bool = True          # K per round from measurements (ssd.spec.adaptive); False: always the draft's K
     probe_every: int = 16          # with speculation off, one round in this many speculates to re-measure
+    target_wait: float = 30.0      # seconds a sequence waits for a live target before it fails
 
 
 @dataclass(slots=True)
@@ -145,6 +147,7 @@ class RouterCore:
         self._lock = threading.Lock()
         self._by_rid: dict[str, Request] = {}
         self._jit_pending: list[Request] = []
+        self._orphans: dict[int, tuple] = {}  # seq -> (request, Prefill or Restore, since): no live target yet
 
     # ---- called from other threads ------------------------------------------------------------
     def submit(self, rid: str, prompt: list[int], params: SamplingParams, mode: str = "", k: int = 0,
@@ -316,15 +319,16 @@ class RouterCore:
             self._send_prefill(req, wire.Prefill)
 
     def _send_prefill(self, req: Request, kind) -> None:
-        """Prefill (or, after a target failure, Restore) the sequence on the least-loaded live target."""
+        """Prefill (or, after a target failure, Restore) the sequence on the least-loaded live target. With none
+        alive, the sequence waits (up to `target_wait` seconds) for one to come back or be discovered."""
         self._assign(req, "target", self._pick(self.targets))
+        req.phase = Phase.PREFILL if kind is wire.Prefill else Phase.RESTORE
         if req.target is None:
-            req.events.put(("error", "no target is alive"))
-            self._finish(req, FinishReason.ERROR, notify=False)
+            self._orphans.setdefault(req.seq, (req, kind, time.monotonic()))
             return
+        self._orphans.pop(req.seq, None)
         s = req.params
         tokens = req.prompt if kind is wire.Prefill else req.prompt + req.output
-        req.phase = Phase.PREFILL if kind is wire.Prefill else Phase.RESTORE
         req.target.send(kind([wire.PrefillItem(req.seq, tokens, wire.SamplingSpec(s.temperature, s.top_k, s.top_p,
                                                                                     s.min_p, s.seed))]))
 
@@ -342,8 +346,9 @@ class RouterCore:
             self.metrics.router_hop(max(0.0, roundtrip - msg.elapsed_s))
             for out in msg.items:
                 req = self.active.get(out.seq)
-                if req is None or req.phase is not Phase.VERIFY or req.target is not peer:
-                    continue
+                if req is None or req.phase is not Phase.VERIFY or req.target is not peer or \
+                        req.verify_batch != msg.batch_id:
+                    continue  # a stale outcome: the sequence was restored since (this target stalled, then came back)
                 req.round += 1
                 new = req.spec[:out.accepted] + [out.token]
                 committed = self._commit(req, new)
@@ -562,6 +567,8 @@ class RouterCore:
         for t, items in verifies.items():
             batch_id = next(self._batches)
             self._sent_at[batch_id] = (time.monotonic(), sum(len(it.tokens) + 1 for it in items))
+            for it in items:
+                self.active[it.seq].verify_batch = batch_id
             t.send(wire.Verify(batch_id, items))
         for d, items in rounds.items():
             d.send(wire.DraftRound(items))
@@ -599,6 +606,16 @@ class RouterCore:
                 for req in moved:  # re-prefill elsewhere from the committed tokens; greedy output is unchanged
                     self._assign(req, "target", None)
                     self._send_prefill(req, wire.Prefill if req.phase is Phase.PREFILL else wire.Restore)
+        if self._orphans:
+            for seq, (req, kind, since) in list(self._orphans.items()):
+                if req.finish is not None or seq not in self.active:
+                    del self._orphans[seq]
+                elif any(t.alive for t in self.targets):
+                    self._send_prefill(req, kind)
+                elif now - since > self.cfg.target_wait:
+                    del self._orphans[seq]
+                    req.events.put(("error", f"no target is alive (waited {self.cfg.target_wait:.0f} s)"))
+                    self._finish(req, FinishReason.ERROR, notify=False)
         for d in self.drafts:
             change = d.tick(now)
             if change is not None:

@@ -40,6 +40,13 @@ class TargetHandler(Handler):
             if isinstance(msg, wire.Verify):
                 verifies.append((peer, msg))
             elif isinstance(msg, (wire.Prefill, wire.Restore)):
+                # A verify of the same sequence that arrived earlier in this batch is stale: the router re-prefills
+                # because it gave up on that round (e.g. this target stalled past its liveness limit). Drop it so
+                # the rebuilt sequence is not advanced by an old speculation.
+                fresh = {item.seq for item in msg.items}
+                verifies = [(p, m if p != peer else
+                             wire.Verify(m.batch_id, [it for it in m.items if it.seq not in fresh]))
+                            for p, m in verifies]
                 self._prefill(peer, msg)
             elif isinstance(msg, wire.Free):
                 for seq in msg.seqs:

@@ -144,6 +144,10 @@ def test_a_drain_cut_short_hands_the_stream_to_another_router(routers, chat_prom
     assert result.token_ids == ar_reference[8] and [t for d in deltas for t in d.token_ids] == ar_reference[8]
     assert routers.procs["router1"].wait(timeout=30) == 0
     assert "drain timeout: ending 1 requests" in (routers.logs / "router1.log").read_text()
+    deadline = time.monotonic() + 30  # the workers free the sequences of the router killed before
+    while "freed 1 sequences of the departed router" not in (routers.logs / "target.log").read_text():
+        assert time.monotonic() < deadline, "the target kept the dead router's sequence"
+        time.sleep(0.5)
 
 
 def test_a_router_without_state_refuses_to_resume(stack, chat_prompts):

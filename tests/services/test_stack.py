@@ -92,3 +92,19 @@ def test_malformed_frames_are_rejected_logged_and_service_keeps_serving(stack, c
     assert outputs == [r[:16] for r in ar_reference[:2]]
     log_text = (stack.logs / "target.log").read_text()
     assert log_text.count("rejected a frame") >= len(frames)
+
+
+def test_the_only_target_stalling_past_the_liveness_limit_loses_nothing(stack, chat_prompts, ar_reference):
+    """SIGSTOP the target for 3.5 s (it is marked dead after 2 s): its sequences wait for a live target, are
+    restored from their committed tokens when it answers again, and finish with unchanged output."""
+    from concurrent.futures import ThreadPoolExecutor as Pool
+
+    with Pool(1) as pool:
+        future = pool.submit(generate_all, stack.grpc_address, chat_prompts[:3], "ssd")
+        time.sleep(1.5)
+        stack.kill("target", signal.SIGSTOP)
+        time.sleep(3.5)
+        stack.kill("target", signal.SIGCONT)
+        outputs, _ = future.result(timeout=300)
+    assert outputs == ar_reference[:3]
+    assert f"target {stack.target_data[0]} stopped answering" in (stack.logs / "router.log").read_text()
