@@ -9,7 +9,9 @@ Contract
   kind and raise ``WireError`` naming the message, the field path and the rule, e.g.
   ``"Verify.items[3].proposal[0]: ..."``. ``decode`` raises nothing but ``WireError``, whatever the input:
   frame count, type byte and payload size (``max_frame_bytes``, checked before unpacking) come first,
-  unpacking is bounded, and a version other than ``PROTOCOL_VERSION`` is refused naming both versions.
+  unpacking is bounded (array, string and bin lengths, nesting depth, and at most ``MAX_ARRAYS`` arrays, so a
+  payload's Python objects stay within a small multiple of its bytes), and a version other than
+  ``PROTOCOL_VERSION`` is refused naming both versions.
 * Kinds: ids, counts and rounds are ints in [0, 2**63); token ids ints in [0, 2**31); floats finite (and
   >= 0 or in [0, 1] where the meaning says so); strings and lists bounded by the named limits (``MAX_*``).
   Encode is lenient about containers (tuples, numpy arrays and scalars); decode is strict and returns lists
@@ -40,11 +42,11 @@ from operator import attrgetter
 import msgpack
 import numpy as np
 
-__all__ = ["MAX_ARRAYS", "MAX_ENTRIES", "MAX_FRAME_BYTES", "MAX_ITEMS", "MAX_ROW_ENTRIES", "MAX_ROWS", "MAX_STR", "MAX_TOKENS",
-           "MESSAGE_TYPES", "PROTOCOL_VERSION", "Restore", "Restored", "CacheEntries", "CacheEntry", "DraftAdd", "DraftAddItem",
-           "DraftParamsSpec", "DraftRound", "DraftRoundItem", "Error", "Free", "Hello", "Jit", "JitItem", "JitResult",
-           "Message", "Outcome", "Outcomes", "Ping", "Pong", "Prefill", "PrefillItem", "Prefilled", "Ready", "Row",
-           "SamplingSpec", "Verify", "VerifyItem", "WireError", "decode", "encode"]
+__all__ = ["MAX_ARRAYS", "MAX_ENTRIES", "MAX_FRAME_BYTES", "MAX_ITEMS", "MAX_ROW_ENTRIES", "MAX_ROWS", "MAX_STR",
+           "MAX_TOKENS", "MESSAGE_TYPES", "PROTOCOL_VERSION", "Restore", "Restored", "CacheEntries", "CacheEntry",
+           "DraftAdd", "DraftAddItem", "DraftParamsSpec", "DraftRound", "DraftRoundItem", "Error", "Free", "Hello",
+           "Jit", "JitItem", "JitResult", "Message", "Outcome", "Outcomes", "Ping", "Pong", "Prefill", "PrefillItem",
+           "Prefilled", "Ready", "Row", "SamplingSpec", "Verify", "VerifyItem", "WireError", "decode", "encode"]
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 16 << 20   # bytes per payload frame (decode/encode argument overrides it)
