@@ -30,7 +30,7 @@ def _decode_only_wire_error(frames) -> wire.Message | None:
     except wire.WireError:
         return None
     finally:
-        assert time.perf_counter() - start < 2.0, "decode took too long"
+        assert time.perf_counter() - start < 10.0, "decode hung"   # ~0.1 s on an idle core; CI machines are shared
 
 
 @FUZZ
