@@ -291,7 +291,8 @@ def run(cfg: RouterConfig) -> int:
     tok = Tokenizer.from_folder(folder)
     try:
         discovery = make_discovery(cfg)
-    except Exception as e:  # DiscoveryError, or a missing in-cluster config
+        curve = client_keys(cfg.curve_secret_key_file, cfg.curve_worker_key)
+    except Exception as e:  # DiscoveryError, a missing in-cluster config, or a CURVE key file
         log.error("%s", e)
         return 2
     journal = None
@@ -317,7 +318,7 @@ def run(cfg: RouterConfig) -> int:
     core = RouterCore(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
                                  cfg.ready_timeout, cfg.adaptive, cfg.probe_every),
                       *static, tok.fingerprint, tok.eos_token_ids, discovery=discovery,
-                      curve=client_keys(cfg.curve_secret_key_file, cfg.curve_worker_key))
+                      curve=curve)
     metrics = RouterMetrics()
     core.metrics = metrics
     frontend = Frontend(core, tok, Limits(cfg.max_tokens_default, cfg.max_tokens_limit))

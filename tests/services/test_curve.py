@@ -129,3 +129,18 @@ def test_authorised_stack_generates_like_ar(keys, default_models, chat_prompts, 
     with Stack(cfg) as stack, Client(stack.grpc_address, timeout=300) as client:
         outs = [client.generate(p, max_tokens=32, ignore_eos=True, mode="ssd").token_ids for p in chat_prompts[:2]]
     assert outs == ar_reference[:2]
+
+
+@pytest.mark.parametrize("role, flags", [
+    ("target", ["--curve-secret-key-file", "{keys}/missing.key_secret", "--curve-authorized-keys", "{keys}/router.key",
+                "--control-address", "127.0.0.1:0", "--data-address", "tcp://127.0.0.1:0"]),
+    ("router", ["--curve-secret-key-file", "{keys}/router.key_secret", "--curve-worker-key", "{keys}/missing.key",
+                "--http-address", "", "--grpc-address", "127.0.0.1:0"]),
+])
+def test_a_bad_key_file_stops_the_service_at_once_naming_it(keys, default_models, role, flags):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "ssd.cli", role, *(f.format(keys=keys) for f in flags)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "missing.key" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
