@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,6 +114,17 @@ def assert_no_leaks(stack: Stack) -> None:
     assert not [p for p in pids | below if _alive(p)], "processes left after Stack.stop()"
 
 
+def counters(stack: Stack, name: str) -> dict[str, float]:
+    """The router's Prometheus counter `name` by its one label value."""
+    text = urllib.request.urlopen(f"http://{stack.http_address}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            label, value = line[len(name) + 1:].split("}")
+            out[label.split('"')[1]] = float(value)
+    return out
+
+
 def vm_rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -181,11 +193,15 @@ def test_draft_sigstop_3s_backups_take_over_and_nothing_stalls_long(default_mode
             stack.kill("draft0", signal.SIGCONT)
             window["cont"] = time.monotonic()
 
+        before = counters(stack, "ssd_backups_total")
         streams = run_streams(stack.grpc_address, chat_prompts[:8], max_tokens=32, fault=pause)
         _check_outputs(streams, ar_reference[:8])
+        backups = {k: v - before.get(k, 0) for k, v in counters(stack, "ssd_backups_total").items()}
         stall = stall_after(streams, window["stop"])
         during = sum(1 for s in streams for t in s.times if window["stop"] < t < window["cont"])
-        print(f"\ndraft SIGSTOP 3 s: {during} pieces streamed while it was stopped; longest stall {stall:.2f} s")
+        print(f"\ndraft SIGSTOP 3 s: {during} pieces streamed while it was stopped; longest stall {stall:.2f} s; "
+              f"backups {backups}; lookups {counters(stack, 'ssd_cache_lookups_total')}")
+        assert backups.get("ngram", 0) + backups.get("none", 0) > 0, backups
         assert during > 0, "every sequence waited for the stopped draft"
         assert stall < 3.0, f"a sequence stalled {stall:.2f} s: as long as the draft was stopped"
     finally:
