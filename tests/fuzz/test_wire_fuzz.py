@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ssd import wire
-from ssd.worker_io import WorkerEndpoint
+from ssd.worker_io import PeerGone, WorkerEndpoint
 from services.router.peers import Peer
 
 FUZZ = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -94,9 +94,12 @@ def dealer(endpoint):
 
 
 def _drain(endpoint) -> list:
+    """The wire messages on the inbox (not the endpoint's own PeerGone notes about silent peers)."""
     out = []
     while not endpoint.inbox.empty():
-        out.append(endpoint.inbox.get_nowait()[1])
+        msg = endpoint.inbox.get_nowait()[1]
+        if not isinstance(msg, PeerGone):
+            out.append(msg)
     return out
 
 
