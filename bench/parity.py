@@ -72,7 +72,7 @@ def tp_rank(rank, size, port, folder, prompts, new_tokens, out):
     decode_rate(model, prompts[:2], 4)  # warm-up
     rate, outputs = decode_rate(model, prompts, new_tokens)
     if rank == 0:
-        torch.save({"rate": rate, "outputs": outputs}, out)
+        Path(out).write_text(json.dumps({"rate": rate, "outputs": outputs}))
     torch.distributed.destroy_process_group()
 
 
@@ -96,9 +96,9 @@ def main() -> None:
         torch.set_num_threads(threads)
         decode_rate(model, short[:2], 4)
         rates[f"tp1_threads{threads}"], ref = decode_rate(model, short, args.new_tokens)
-    out = RESULTS.parent / "parity_tp2.pt"
+    out = RESULTS.parent / "parity_tp2.json"
     mp.spawn(tp_rank, args=(2, free_port(), str(folder), short, args.new_tokens, str(out)), nprocs=2, join=True)
-    tp2 = torch.load(out)
+    tp2 = json.loads(out.read_text())
     out.unlink()
     rates["tp2_threads1_each"] = tp2["rate"]
     results["target_tokens_per_s"] = {"batch": len(short), "new_tokens": args.new_tokens, **rates,

@@ -8,7 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from ssd.models.loader import load_model
 from ssd.models.parallel import TPGroup, free_port
-from tests.models.tp_worker import reference_run, run_rank
+from tests.models.tp_worker import load_results, reference_run, run_rank
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +30,9 @@ def folders(tiny_llama_dir, uneven_dir):
 
 @pytest.fixture(scope="module")
 def tp2(folders, tmp_path_factory):
-    out = tmp_path_factory.mktemp("tp") / "rank0.pt"
+    out = tmp_path_factory.mktemp("tp") / "rank0"
     mp.spawn(run_rank, args=(2, free_port(), [str(f) for f in folders], str(out)), nprocs=2, join=True)
-    return torch.load(out)
+    return load_results(out)
 
 
 @pytest.fixture(scope="module")

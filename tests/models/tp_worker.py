@@ -34,5 +34,27 @@ def run_rank(rank, size, port, folders, out):
     tp = TPGroup.init(rank, size, f"tcp://127.0.0.1:{port}", backend="gloo")
     results = [reference_run(folder, tp) for folder in folders]
     if rank == 0:
-        torch.save(results, out)
+        save_results(results, out)
     torch.distributed.destroy_process_group()
+
+
+def save_results(results, out) -> None:
+    """Logits as safetensors, token lists as JSON (never pickle)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    save_file({f"logits_{i}": r["logits"].contiguous() for i, r in enumerate(results)}, f"{out}.safetensors")
+    with open(f"{out}.json", "w") as f:
+        json.dump([{"ar": r["ar"], "ssd": r["ssd"]} for r in results], f)
+
+
+def load_results(out) -> list[dict]:
+    import json
+
+    from safetensors.torch import load_file
+
+    tensors = load_file(f"{out}.safetensors")
+    with open(f"{out}.json") as f:
+        lists = json.load(f)
+    return [{"logits": tensors[f"logits_{i}"], **r} for i, r in enumerate(lists)]
