@@ -31,7 +31,9 @@ class Limits:
     max_stop_strings: int = 16
     max_stop_chars: int = 256
     max_messages: int = 256
-    max_prompt_chars: int = 1_000_000
+    max_prompt_chars: int = 1_000_000   # raw text, or all chat messages' contents together
+    max_stop_token_ids: int = 64
+    max_request_id_chars: int = 256
 
 
 @dataclass(slots=True)
@@ -110,6 +112,8 @@ class Frontend:
               stop_token_ids=(), ignore_eos: bool = False, mode: str = "", k: int = 0, request_id: str = "",
               timeout_s: float | None = None) -> GenerationRequest:
         lim = self.limits
+        if not isinstance(request_id, str) or len(request_id) > lim.max_request_id_chars:
+            raise ValueError(f"request_id: at most {lim.max_request_id_chars} characters")
         given = [x is not None for x in (text, token_ids, messages)]
         if sum(given) != 1:
             raise ValueError("prompt: give exactly one of text, token_ids or messages")
@@ -118,6 +122,8 @@ class Frontend:
                 raise ValueError(f"prompt: {len(text)} characters; the limit is {lim.max_prompt_chars}")
             ids = self.tok.encode(text)
         elif token_ids is not None:
+            if len(token_ids) >= self.core.max_len:  # the cheap check before any per-token work
+                raise ValueError(f"prompt: {len(token_ids)} tokens; the maximum length is {self.core.max_len}")
             ids = list(token_ids)
         else:
             if not isinstance(messages, list) or not messages:
@@ -128,6 +134,9 @@ class Frontend:
                 role = m.get("role") if isinstance(m, dict) else None
                 if not isinstance(role, str) or role not in ROLES or not isinstance(m.get("content"), str):
                     raise ValueError(f"messages[{i}]: needs a role in {sorted(ROLES)} and a string content")
+            chars = sum(len(m["content"]) for m in messages)
+            if chars > lim.max_prompt_chars:  # before the template and the tokenizer spend time on it
+                raise ValueError(f"messages: {chars} characters in all; the limit is {lim.max_prompt_chars}")
             try:
                 ids = self.tok.encode(self.tok.apply_chat_template(messages))
             except ValueError as e:
@@ -147,6 +156,8 @@ class Frontend:
                                                     for s in stop):
             raise ValueError(f"stop: at most {lim.max_stop_strings} non-empty strings of at most "
                              f"{lim.max_stop_chars} characters")
+        if len(stop_token_ids) > lim.max_stop_token_ids:
+            raise ValueError(f"stop_token_ids: at most {lim.max_stop_token_ids} token ids")
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in stop_token_ids):
             raise ValueError(f"stop_token_ids: must be integers in [0, {vocab})")
         try:

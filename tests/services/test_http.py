@@ -293,3 +293,14 @@ def test_client_leaving_mid_stream_aborts_the_request(served):
     while rid not in served.core.aborted and time.monotonic() < deadline:
         time.sleep(0.02)
     assert served.core.aborted.get(rid) is FinishReason.ABORT
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"text": "hi", "request_id": "x" * 257}, "request_id: at most 256 characters"),
+    ({"text": "hi", "stop_token_ids": [7] * 65}, "stop_token_ids: at most 64 token ids"),
+    ({"messages": [{"role": "user", "content": "a" * 600_000}] * 2}, "messages: 1200000 characters in all"),
+    ({"token_ids": [5] * 9000}, "prompt: 9000 tokens; the maximum length is 8192"),
+])
+def test_frontend_caps_every_input_before_doing_work(tok, fields, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        Frontend(FakeCore(tok), tok).build(**fields)
