@@ -50,6 +50,9 @@ class WorkerInfoDict(TypedDict, total=False):
     active_sequences: int
     pid: int
     version: str
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+    preemptions: int
 
 
 def package_version() -> str:

@@ -20,8 +20,11 @@ from ssd import wire
 from ssd.control import ControlServer
 from ssd.curve import server_keys
 from ssd.worker_io import PeerGone, WorkerEndpoint
+from ssd.worker_metrics import kv_stats, serve_metrics
 
 log = logging.getLogger(__name__)
+
+INFO_STATS = ("prefix_cache_queried_tokens", "prefix_cache_hit_tokens", "preemptions")  # in Describe
 
 
 @dataclass(slots=True)
@@ -42,6 +45,8 @@ class WorkerConfig:
     kv_tokens: int = field(default=0, metadata={"help": "KV cache capacity in tokens (0 = max_seqs * max_len); "
                                                         "sequences are preempted and recomputed when it is full"})
     block_size: int = field(default=16, metadata={"help": "tokens per KV cache block (paging and prefix caching)"})
+    metrics_address: str = field(default="", metadata={"help": "serve Prometheus /metrics on host:port "
+                                                               "(empty = off)"})
     curve_secret_key_file: Path | None = field(default=None, metadata={
         "help": "this worker's CURVE key pair (NAME.key_secret from `ssd keys generate`): the data plane then "
                 "admits only --curve-authorized-keys (default: no authentication)"})
@@ -125,9 +130,9 @@ def wait_drained(handler: Handler, grace: float) -> int:
 def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, handler_cls,
                k: int = 0, fanout: list[int] | None = None) -> int:
     """Serve one worker process: `build(model)` makes the role's worker, `handler_cls(worker, endpoint)` its logic."""
-    if cfg.tp_size != 1:
-        log.error("tensor parallelism (--tp-size %d) is not available yet in this build; run with --tp-size 1",
-                  cfg.tp_size)
+    problem = tp_problem(cfg, role, folder)
+    if problem:
+        log.error("%s", problem)
         return 2
     try:
         curve = server_keys(cfg.curve_secret_key_file, cfg.curve_authorized_keys)
@@ -144,6 +149,7 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
 
     def info() -> dict:
         h = state["handler"]
+        stats = kv_stats(state["worker"]) if "worker" in state else {}
         return {"role": role.upper(), "model_id": folder.name, "tokenizer_hash": state.get("fingerprint", ""),
                 "vocab_size": state.get("vocab", 0), "max_len": state.get("max_len", cfg.max_len),
                 "num_slots": cfg.max_seqs,
@@ -151,7 +157,8 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
                 "kv_capacity_bytes": state.get("kv_bytes", 0), "k": k, "fanout": fanout,
                 "data_address": state.get("endpoint", cfg.data_address), "protocol_version": wire.PROTOCOL_VERSION,
                 "state": "DRAINING" if stop.is_set() else "SERVING" if h else "LOADING",
-                "active_sequences": h.active_sequences() if h else 0, "pid": os.getpid()}
+                "active_sequences": h.active_sequences() if h else 0, "pid": os.getpid(),
+                **{key: stats[key] for key in INFO_STATS if key in stats}}
 
     def on_drain(grace: int) -> int:
         left = wait_drained(state["handler"], grace) if state["handler"] else 0
@@ -160,9 +167,22 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
 
     control = ControlServer(cfg.control_address, info, on_drain)
     control.start()
-    model = load_model(folder)
+    followers = channel = None
+    if cfg.tp_size > 1:
+        from ssd.tp_service import SETTINGS, Followers, MirroredTarget, OpChannel
+
+        followers = Followers(cfg.tp_size, str(folder), {name: getattr(cfg, name) for name in SETTINGS})
+        tp = followers.init_leader()
+        channel = OpChannel()
+        model = load_model(folder, tp=tp)
+        worker = MirroredTarget(build(model), channel)
+        log.info("tensor parallel over %d ranks", cfg.tp_size)
+    else:
+        model = load_model(folder)
+        worker = build(model)
     tok = Tokenizer.from_folder(folder)
-    worker = build(model)
+    state["worker"] = worker
+    metrics = serve_metrics(cfg.metrics_address, role, worker) if cfg.metrics_address else None
     state.update(fingerprint=tok.fingerprint, vocab=model.cfg.vocab_size, kv_bytes=worker.cache.nbytes(),
                  kv_tokens=worker.cache.capacity_tokens, max_len=worker.max_len)
 
@@ -185,4 +205,26 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
         control.set_serving(False)
         endpoint.stop()
         control.stop(0)
+        if metrics is not None:
+            metrics.shutdown()
+        if followers is not None:
+            followers.stop(channel)
     return 0
+
+
+def tp_problem(cfg: WorkerConfig, role: str, folder: Path) -> str | None:
+    """Why `--tp-size` cannot run (None when it can); checked before anything loads."""
+    if cfg.tp_size < 1:
+        return f"--tp-size must be at least 1, got {cfg.tp_size}"
+    if cfg.tp_size == 1:
+        return None
+    if role != "target":
+        return f"tensor parallelism (--tp-size {cfg.tp_size}) is for the target; run the {role} with --tp-size 1"
+    from ssd.config import ModelConfig
+    from ssd.models.parallel import TPGroup
+
+    try:
+        TPGroup(0, cfg.tp_size).check(ModelConfig.from_folder(folder))
+    except (ValueError, OSError) as e:
+        return f"--tp-size {cfg.tp_size}: {e}"
+    return None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ssd import wire
 from ssd.engine.target import TargetWorker, VerifyItem
 from ssd.sampling import SamplingParams
+from ssd.tp_service import SETTINGS, build_target
 from ssd.worker_io import WorkerEndpoint
 from ssd.worker_service import Handler, WorkerConfig, run_worker, setup_process
 
@@ -122,8 +123,7 @@ def run(cfg: TargetConfig) -> int:
     setup_process(cfg, "target")
     from ssd.paths import target_dir
 
-    def build(model) -> TargetWorker:
-        return TargetWorker(model, cfg.max_seqs, min(cfg.max_len, model.cfg.max_position_embeddings),
-                            cfg.kv_tokens, cfg.block_size)
+    def build(model) -> TargetWorker:   # every tensor-parallel rank builds its worker the same way
+        return build_target(model, {name: getattr(cfg, name) for name in SETTINGS})
 
     return run_worker(cfg, "target", cfg.model or target_dir(cfg.models_dir), build, TargetHandler)

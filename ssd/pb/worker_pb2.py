@@ -24,25 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13ssd/v1/worker.proto\x12\x06ssd.v1\"\x11\n\x0f\x44\x65scribeRequest\"\xee\x02\n\nWorkerInfo\x12 \n\x04role\x18\x01 \x01(\x0e\x32\x12.ssd.v1.WorkerRole\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x16\n\x0etokenizer_hash\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x0f\n\x07max_len\x18\x05 \x01(\r\x12\x1a\n\x12kv_capacity_tokens\x18\x06 \x01(\x04\x12\x19\n\x11kv_capacity_bytes\x18\x07 \x01(\x04\x12\x11\n\tnum_slots\x18\x08 \x01(\r\x12\t\n\x01k\x18\t \x01(\r\x12\x0e\n\x06\x66\x61nout\x18\n \x03(\r\x12\x14\n\x0c\x64\x61ta_address\x18\x0b \x01(\t\x12\x18\n\x10protocol_version\x18\x0c \x01(\r\x12\"\n\x05state\x18\r \x01(\x0e\x32\x13.ssd.v1.WorkerState\x12\x18\n\x10\x61\x63tive_sequences\x18\x0e \x01(\r\x12\x0b\n\x03pid\x18\x0f \x01(\r\x12\x0f\n\x07version\x18\x10 \x01(\t\"%\n\x0c\x44rainRequest\x12\x15\n\rgrace_seconds\x18\x01 \x01(\r\")\n\rDrainResponse\x12\x18\n\x10\x61\x63tive_sequences\x18\x01 \x01(\r*X\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12WORKER_ROLE_TARGET\x10\x01\x12\x15\n\x11WORKER_ROLE_DRAFT\x10\x02*z\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14WORKER_STATE_LOADING\x10\x01\x12\x18\n\x14WORKER_STATE_SERVING\x10\x02\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x03\x32w\n\x06Worker\x12\x37\n\x08\x44\x65scribe\x12\x17.ssd.v1.DescribeRequest\x1a\x12.ssd.v1.WorkerInfo\x12\x34\n\x05\x44rain\x12\x14.ssd.v1.DrainRequest\x1a\x15.ssd.v1.DrainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13ssd/v1/worker.proto\x12\x06ssd.v1\"\x11\n\x0f\x44\x65scribeRequest\"\xc9\x03\n\nWorkerInfo\x12 \n\x04role\x18\x01 \x01(\x0e\x32\x12.ssd.v1.WorkerRole\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x16\n\x0etokenizer_hash\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x0f\n\x07max_len\x18\x05 \x01(\r\x12\x1a\n\x12kv_capacity_tokens\x18\x06 \x01(\x04\x12\x19\n\x11kv_capacity_bytes\x18\x07 \x01(\x04\x12\x11\n\tnum_slots\x18\x08 \x01(\r\x12\t\n\x01k\x18\t \x01(\r\x12\x0e\n\x06\x66\x61nout\x18\n \x03(\r\x12\x14\n\x0c\x64\x61ta_address\x18\x0b \x01(\t\x12\x18\n\x10protocol_version\x18\x0c \x01(\r\x12\"\n\x05state\x18\r \x01(\x0e\x32\x13.ssd.v1.WorkerState\x12\x18\n\x10\x61\x63tive_sequences\x18\x0e \x01(\r\x12\x0b\n\x03pid\x18\x0f \x01(\r\x12\x0f\n\x07version\x18\x10 \x01(\t\x12#\n\x1bprefix_cache_queried_tokens\x18\x11 \x01(\x04\x12\x1f\n\x17prefix_cache_hit_tokens\x18\x12 \x01(\x04\x12\x13\n\x0bpreemptions\x18\x13 \x01(\x04\"%\n\x0c\x44rainRequest\x12\x15\n\rgrace_seconds\x18\x01 \x01(\r\")\n\rDrainResponse\x12\x18\n\x10\x61\x63tive_sequences\x18\x01 \x01(\r*X\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12WORKER_ROLE_TARGET\x10\x01\x12\x15\n\x11WORKER_ROLE_DRAFT\x10\x02*z\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14WORKER_STATE_LOADING\x10\x01\x12\x18\n\x14WORKER_STATE_SERVING\x10\x02\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x03\x32w\n\x06Worker\x12\x37\n\x08\x44\x65scribe\x12\x17.ssd.v1.DescribeRequest\x1a\x12.ssd.v1.WorkerInfo\x12\x34\n\x05\x44rain\x12\x14.ssd.v1.DrainRequest\x1a\x15.ssd.v1.DrainResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ssd.pb.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERROLE']._serialized_start=501
-  _globals['_WORKERROLE']._serialized_end=589
-  _globals['_WORKERSTATE']._serialized_start=591
-  _globals['_WORKERSTATE']._serialized_end=713
+  _globals['_WORKERROLE']._serialized_start=592
+  _globals['_WORKERROLE']._serialized_end=680
+  _globals['_WORKERSTATE']._serialized_start=682
+  _globals['_WORKERSTATE']._serialized_end=804
   _globals['_DESCRIBEREQUEST']._serialized_start=31
   _globals['_DESCRIBEREQUEST']._serialized_end=48
   _globals['_WORKERINFO']._serialized_start=51
-  _globals['_WORKERINFO']._serialized_end=417
-  _globals['_DRAINREQUEST']._serialized_start=419
-  _globals['_DRAINREQUEST']._serialized_end=456
-  _globals['_DRAINRESPONSE']._serialized_start=458
-  _globals['_DRAINRESPONSE']._serialized_end=499
-  _globals['_WORKER']._serialized_start=715
-  _globals['_WORKER']._serialized_end=834
+  _globals['_WORKERINFO']._serialized_end=508
+  _globals['_DRAINREQUEST']._serialized_start=510
+  _globals['_DRAINREQUEST']._serialized_end=547
+  _globals['_DRAINRESPONSE']._serialized_start=549
+  _globals['_DRAINRESPONSE']._serialized_end=590
+  _globals['_WORKER']._serialized_start=806
+  _globals['_WORKER']._serialized_end=925
 # @@protoc_insertion_point(module_scope)

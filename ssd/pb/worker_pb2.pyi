@@ -32,7 +32,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("role", "model_id", "tokenizer_hash", "vocab_size", "max_len", "kv_capacity_tokens", "kv_capacity_bytes", "num_slots", "k", "fanout", "data_address", "protocol_version", "state", "active_sequences", "pid", "version")
+    __slots__ = ("role", "model_id", "tokenizer_hash", "vocab_size", "max_len", "kv_capacity_tokens", "kv_capacity_bytes", "num_slots", "k", "fanout", "data_address", "protocol_version", "state", "active_sequences", "pid", "version", "prefix_cache_queried_tokens", "prefix_cache_hit_tokens", "preemptions")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,9 @@ class WorkerInfo(_message.Message):
     ACTIVE_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     role: WorkerRole
     model_id: str
     tokenizer_hash: str
@@ -65,7 +68,10 @@ class WorkerInfo(_message.Message):
     active_sequences: int
     pid: int
     version: str
-    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., model_id: _Optional[str] = ..., tokenizer_hash: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_capacity_bytes: _Optional[int] = ..., num_slots: _Optional[int] = ..., k: _Optional[int] = ..., fanout: _Optional[_Iterable[int]] = ..., data_address: _Optional[str] = ..., protocol_version: _Optional[int] = ..., state: _Optional[_Union[WorkerState, str]] = ..., active_sequences: _Optional[int] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+    preemptions: int
+    def __init__(self, role: _Optional[_Union[WorkerRole, str]] = ..., model_id: _Optional[str] = ..., tokenizer_hash: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_capacity_bytes: _Optional[int] = ..., num_slots: _Optional[int] = ..., k: _Optional[int] = ..., fanout: _Optional[_Iterable[int]] = ..., data_address: _Optional[str] = ..., protocol_version: _Optional[int] = ..., state: _Optional[_Union[WorkerState, str]] = ..., active_sequences: _Optional[int] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., prefix_cache_queried_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., preemptions: _Optional[int] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("grace_seconds",)

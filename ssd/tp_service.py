@@ -1,0 +1,212 @@
+"""One target service over its tensor-parallel ranks.
+
+Rank 0, the leader, is the service: it owns the data plane and the control plane and runs the handler. Ranks
+1..N-1, the followers, are processes it spawns; each holds its shard of the model and a `TargetWorker` of its
+own. Every call that changes a TargetWorker (prefill, restore, verify, free) is broadcast by the leader before
+it runs (msgpack bytes in a uint8 tensor), and each follower makes the same call with the same inputs in the
+same order, so the collectives inside the forwards meet. A sampled request without a seed gets one from the
+leader, so every rank draws the same tokens. A follower exits when the leader goes; a follower that dies makes
+the leader exit with code 1.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing as mp
+import os
+import secrets
+import threading
+import time
+
+import msgpack
+import torch
+import torch.distributed as dist
+
+from ssd.engine.target import TargetWorker, VerifyItem
+from ssd.models.parallel import TPGroup, free_port
+from ssd.params import SamplingParams
+
+log = logging.getLogger("ssd.tp")
+
+SETTINGS = ("log_level", "cpus", "threads", "max_seqs", "max_len", "kv_tokens", "block_size")
+
+
+def build_target(model, s: dict) -> TargetWorker:
+    """The target's worker from its settings (the same on every rank)."""
+    return TargetWorker(model, s["max_seqs"], min(s["max_len"], model.cfg.max_position_embeddings),
+                        s["kv_tokens"], s["block_size"])
+
+
+def init_rank(rank: int, size: int, port: int, device: str = "cpu") -> TPGroup:
+    """Join the group: gloo for a model on the CPU (what the services load today), NCCL with one GPU per rank."""
+    backend = "gloo"
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(rank)
+        backend = "nccl"
+    return TPGroup.init(rank, size, f"tcp://127.0.0.1:{port}", backend=backend)
+
+
+class OpChannel:
+    """The leader's broadcast of operations to its followers: a length, then the msgpack bytes."""
+
+    def __init__(self):
+        self.device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
+            else torch.device("cpu")
+
+    def send(self, op: list) -> None:
+        data = msgpack.packb(op, use_bin_type=True)
+        dist.broadcast(torch.tensor([len(data)], dtype=torch.int64, device=self.device), 0)
+        dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device), 0)
+
+    def recv(self) -> list:
+        n = torch.zeros(1, dtype=torch.int64, device=self.device)
+        dist.broadcast(n, 0)
+        buf = torch.empty(int(n.item()), dtype=torch.uint8, device=self.device)
+        dist.broadcast(buf, 0)
+        return msgpack.unpackb(buf.cpu().numpy().tobytes(), raw=False)
+
+
+def _key(seq_id):
+    return tuple(seq_id) if isinstance(seq_id, list) else seq_id
+
+
+def _pack_requests(requests) -> list:
+    return [[seq_id, list(tokens), dataclasses.asdict(p)] for seq_id, tokens, p in requests]
+
+
+def _unpack_requests(rows) -> list:
+    return [(_key(seq_id), tokens, SamplingParams(**{**p, "stop_token_ids": tuple(p["stop_token_ids"])}))
+            for seq_id, tokens, p in rows]
+
+
+def _pack_items(items: list[VerifyItem]) -> list:
+    return [[it.seq_id, list(it.tokens), None if it.proposal is None else [[list(i), list(p)] for i, p in it.proposal]]
+            for it in items]
+
+
+def _unpack_items(rows) -> list[VerifyItem]:
+    return [VerifyItem(_key(seq_id), tokens, proposal) for seq_id, tokens, proposal in rows]
+
+
+def _seeded(requests) -> list:
+    """Give each sampled request without a seed one, so that every rank samples alike."""
+    return [(seq_id, tokens, p if p.greedy or p.seed is not None else dataclasses.replace(p, seed=secrets.randbits(63)))
+            for seq_id, tokens, p in requests]
+
+
+class MirroredTarget:
+    """The leader's TargetWorker: a call that changes it is broadcast first; everything else passes through."""
+
+    def __init__(self, worker: TargetWorker, channel: OpChannel):
+        self.worker, self.channel = worker, channel
+
+    def __getattr__(self, name):
+        return getattr(self.worker, name)
+
+    def __contains__(self, seq_id) -> bool:
+        return seq_id in self.worker
+
+    def prefill(self, requests):
+        requests = _seeded(requests)
+        self.channel.send(["prefill", _pack_requests(requests)])
+        return self.worker.prefill(requests)
+
+    def restore(self, requests):
+        requests = _seeded(requests)
+        self.channel.send(["restore", _pack_requests(requests)])
+        return self.worker.restore(requests)
+
+    def verify(self, items):
+        self.channel.send(["verify", _pack_items(items)])
+        return self.worker.verify(items)
+
+    def free(self, seq_id):
+        self.channel.send(["free", seq_id])
+        return self.worker.free(seq_id)
+
+
+def follow(worker: TargetWorker, channel: OpChannel) -> None:
+    """A follower's loop: run what the leader broadcasts until it says stop."""
+    while True:
+        op, *args = channel.recv()
+        try:
+            if op == "stop":
+                return
+            if op in ("prefill", "restore"):
+                getattr(worker, op)(_unpack_requests(args[0]))
+            elif op == "verify":
+                worker.verify(_unpack_items(args[0]))
+            elif op == "free":
+                worker.free(_key(args[0]))
+            else:
+                raise ValueError(f"unknown tensor-parallel operation {op!r}")
+        except Exception as e:  # noqa: BLE001 - the leader meets the same error and reports it
+            log.debug("operation %s failed here as on the leader: %s", op, e)
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
+
+
+def follower_main(rank: int, size: int, port: int, folder: str, settings: dict) -> None:
+    """Entry point of follower `rank` (a spawned process)."""
+    logging.basicConfig(level=settings["log_level"].upper(),
+                        format=f"%(asctime)s target[rank {rank}] %(levelname)s %(message)s")
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    if settings["cpus"]:
+        os.sched_setaffinity(0, {int(c) for c in settings["cpus"].split(",")})
+    if settings["threads"]:
+        torch.set_num_threads(settings["threads"])
+    from ssd.models.loader import load_model
+
+    tp = init_rank(rank, size, port)
+    worker = build_target(load_model(folder, tp=tp), settings)
+    log.info("tensor-parallel rank %d of %d ready", rank, size)
+    try:
+        follow(worker, OpChannel())
+    except RuntimeError as e:   # the leader went away mid-collective
+        log.info("leader gone (%s); rank %d exits", e, rank)
+        os._exit(0)
+    dist.destroy_process_group()
+
+
+class Followers:
+    """Ranks 1..size-1 of one target, spawned by the leader and watched: if one dies, the leader exits 1."""
+
+    def __init__(self, size: int, folder: str, settings: dict):
+        self.size, self.port, self.stopping = size, free_port(), False
+        ctx = mp.get_context("spawn")
+        self.procs = [ctx.Process(target=follower_main, args=(r, size, self.port, folder, settings), daemon=True,
+                                  name=f"ssd-target-rank{r}") for r in range(1, size)]
+        for p in self.procs:
+            p.start()
+        threading.Thread(target=self._watch, daemon=True, name="ssd-tp-watch").start()
+
+    def init_leader(self) -> TPGroup:
+        return init_rank(0, self.size, self.port)
+
+    def _watch(self) -> None:
+        while not self.stopping:
+            for rank, p in enumerate(self.procs, 1):
+                if p.exitcode is not None and not self.stopping:
+                    log.error("tensor-parallel rank %d exited with code %s: the target cannot run without it; "
+                              "exiting", rank, p.exitcode)
+                    logging.shutdown()
+                    os._exit(1)
+            time.sleep(0.2)
+
+    def stop(self, channel: OpChannel | None) -> None:
+        self.stopping = True
+        if channel is not None:
+            try:
+                channel.send(["stop"])
+            except RuntimeError as e:
+                log.warning("could not tell the followers to stop: %s", e)
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.exitcode is None:
+                p.terminate()
+        if dist.is_initialized():
+            dist.destroy_process_group()
