@@ -57,3 +57,13 @@ def test_describe_carries_the_prefix_cache_counts_and_preemptions(worker):
 def test_a_metrics_address_without_a_port_is_refused(worker):
     with pytest.raises(ValueError, match="host:port"):
         serve_metrics("localhost", "target", worker)
+
+
+def test_a_draft_reports_its_evictions_as_preemptions(tiny_llama_dir):
+    from ssd.engine.draft import DraftWorker
+
+    draft = DraftWorker(load_model(tiny_llama_dir), max_seqs=2, max_len=64, k=2, fanout=[1, 1, 1], block_size=4)
+    draft.evictions = 3
+    stats = kv_stats(draft)
+    assert stats["preemptions"] == 3
+    assert stats["kv_capacity_tokens"] == draft.cache.capacity_tokens and stats["kv_used_tokens"] == 0
