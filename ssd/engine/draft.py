@@ -235,12 +235,9 @@ class DraftWorker:
         # the outputs at the last committed token and at s1..sK: the draft's view of t* for j = 0..len(sp)
         picks = [(b, c) for b, sp in enumerate(specs) for c in range(len(rows[b]) - len(sp) - 1, len(rows[b]))]
         logits = self.model.logits(hidden[[b for b, _ in picks], [c for _, c in picks]])
-        forks_per_seq, at = [], 0
         for s, sp in zip(seqs, specs):
             s.kv_len, s.written = len(s.tokens), list(sp)
-            fan = self.fanout[:len(sp)] + [self.fanout[-1]]
-            forks_per_seq.append(select_forks(logits[at:at + len(sp) + 1], torch.tensor(sp, dtype=torch.long), fan))
-            at += len(sp) + 1
+        forks_per_seq = select_forks_batch(logits, specs, self.fanout)
         for s, sp, forks in zip(seqs, specs, forks_per_seq):
             self.cache.ensure(s.slot, len(s.tokens) + len(sp) + 1 + len(forks) * self.k, scratch=True)
         entries = self._grow_branches(seqs, specs, forks_per_seq)
@@ -258,26 +255,26 @@ class DraftWorker:
         L = [len(s.tokens) for s in seqs]
         base = [L[b] + len(specs[b]) + 1 for b in range(B)]        # first scratch column
         kv_len = max(base[b] + nb[b] * K for b in range(B))
-        prefix = torch.zeros((B, width), dtype=torch.long)          # columns [0, L + j) are visible
-        ids = torch.zeros((B, width), dtype=torch.long)
-        valid = torch.zeros((B, width), dtype=torch.bool)
-        for b, forks in enumerate(forks_per_seq):
-            for i, (j, t) in enumerate(forks):
-                prefix[b, i], ids[b, i], valid[b, i] = L[b] + j, t, True
-        branch = torch.arange(width)
-        cols0 = torch.tensor(base)[:, None] + branch[None, :] * K   # chain start column per branch
+        pad = [[0] * (width - n) for n in nb]
+        prefix = torch.tensor([[L[b] + j for j, _ in f] + pad[b] for b, f in enumerate(forks_per_seq)],
+                              dtype=torch.long)                     # columns [0, L + j) are visible
+        ids = torch.tensor([[t for _, t in f] + pad[b] for b, f in enumerate(forks_per_seq)], dtype=torch.long)
+        valid = torch.tensor([[True] * n + [False] * (width - n) for n in nb])
+        cols0 = torch.tensor(base)[:, None] + torch.arange(width)[None, :] * K   # chain start column per branch
         col = torch.arange(kv_len)[None, None, :]
+        # what every step sees: the prefix, and padding queries one column (no empty softmax)
+        seen = (col < prefix[:, :, None]) | (~valid[:, :, None] & (col == 0))
+        after_start = col >= cols0[:, :, None]
+        dev = self.device
+        slots, valid_d, ids = torch.tensor([s.slot for s in seqs], device=dev), valid.to(dev), ids.to(dev)
         chains = [[[] for _ in range(nb[b])] for b in range(B)]
         props = [[[] for _ in range(nb[b])] for b in range(B)]
         branch_seqs = [s for b, s in enumerate(seqs) for _ in range(nb[b])]
         for d in range(K):
             cols = cols0 + d
-            mask = (col < prefix[:, :, None]) | ((col >= cols0[:, :, None]) & (col <= cols[:, :, None]))
-            mask |= ~valid[:, :, None] & (col == 0)  # padding queries see one column: no empty softmax
-            fb = ForwardBatch(ids.to(self.device), (prefix + d).to(self.device), torch.tensor(
-                [s.slot for s in seqs], device=self.device), kv_len, valid.to(self.device),
-                cols.to(self.device), mask.to(self.device))
-            hidden = self.model(fb, self.cache)[valid.to(self.device)]  # branches in (b, i) order
+            mask = seen | (after_start & (col <= cols[:, :, None]))
+            fb = ForwardBatch(ids, (prefix + d).to(dev), slots, kv_len, valid_d, cols.to(dev), mask.to(dev))
+            hidden = self.model(fb, self.cache)[valid_d]  # branches in (b, i) order
             tokens, support = self._propose(self.model.logits(hidden), branch_seqs)
             r = 0
             for b in range(B):
@@ -285,14 +282,57 @@ class DraftWorker:
                     chains[b][i].append(tokens[r])
                     if support is not None:
                         props[b][i].append(support[r])
-                    ids[b, i] = tokens[r]
                     r += 1
+            if d + 1 < K:
+                ids = ids.masked_scatter(valid_d, torch.tensor(tokens, dtype=torch.long, device=dev))
         out = []
         for b, forks in enumerate(forks_per_seq):
             sampled = seqs[b].params.temperature != 0
             out.append({(j, t): CacheEntry(tuple(chains[b][i]), tuple(props[b][i]) if sampled else None)
                         for i, (j, t) in enumerate(forks)})
         return out
+
+
+def select_forks_batch(logits: torch.Tensor, specs: list[list[int]], fanout: list[int]) -> list[list[tuple[int, int]]]:
+    """`select_forks` for every sequence at once (logits: the K_b + 1 rows of each sequence, in order), with
+    one top-k over all rows. A row whose top-n boundary is tied goes to `select_forks`, whose tie rule decides."""
+    V = logits.shape[1]
+    counts, excluded, owner = [], [], []
+    for b, sp in enumerate(specs):
+        fan = fanout[:len(sp)] + [fanout[-1]]
+        for j, f in enumerate(fan):
+            counts.append(min(f, V - (1 if j < len(sp) else 0)))
+            excluded.append(sp[j] if j < len(sp) else -1)
+            owner.append((b, j))
+    scores = logits.float()
+    if not counts or max(counts) == 0:
+        return [[] for _ in specs]
+    rows = [r for r, t in enumerate(excluded) if t >= 0]
+    masked = scores.clone()
+    masked[rows, [excluded[r] for r in rows]] = float("-inf")
+    width = min(max(counts) + 1, V)
+    values, indices = masked.topk(width, dim=1)
+    n_t = torch.tensor(counts, device=logits.device)
+    at = (n_t - 1).clamp(min=0)[:, None]
+    last = values.gather(1, at)[:, 0]
+    nxt = values.gather(1, n_t.clamp(max=width - 1)[:, None])[:, 0]
+    tied = ((n_t < width) & (last == nxt)) | torch.isinf(last) | torch.isnan(last)
+    out: list[list[tuple[int, int]]] = [[] for _ in specs]
+    slow: set[int] = {owner[r][0] for r in tied.nonzero()[:, 0].tolist() if counts[r] > 0}
+    for r, n in enumerate(counts):
+        b, j = owner[r]
+        if n == 0 or b in slow:
+            continue
+        chosen = indices[r, :n].sort().values
+        order = scores[r, chosen].sort(descending=True, stable=True).indices
+        out[b].extend((j, t) for t in chosen[order].tolist())
+    start = 0
+    for b, sp in enumerate(specs):
+        if b in slow:
+            fan = fanout[:len(sp)] + [fanout[-1]]
+            out[b] = select_forks(logits[start:start + len(sp) + 1], torch.tensor(sp, dtype=torch.long), fan)
+        start += len(sp) + 1
+    return out
 
 
 def draft_params_for(params: SamplingParams, top_k: int = 0, saguaro_c: float = 1.0,

@@ -223,12 +223,11 @@ class TargetWorker:
         outcomes: list[Outcome | None] = [None] * B
         greedy = [b for b, s in enumerate(seqs) if s.params.greedy]
         if greedy:
-            idx = torch.tensor(greedy, device=logits.device)
-            draft = torch.zeros((len(greedy), W - 1), dtype=torch.long)
-            for r, b in enumerate(greedy):
-                draft[r, :len(items[b].tokens)] = torch.tensor(items[b].tokens, dtype=torch.long)
-            lengths = torch.tensor([len(items[b].tokens) for b in greedy])
-            j, t = verify_greedy_batch(draft, logits[idx].argmax(-1).cpu(), lengths)
+            rows = [list(items[b].tokens) for b in greedy]
+            draft = torch.tensor([r + [0] * (W - 1 - len(r)) for r in rows], dtype=torch.long).view(len(rows), W - 1)
+            lengths = torch.tensor([len(r) for r in rows])
+            picked = logits if len(greedy) == B else logits[torch.tensor(greedy, device=logits.device)]
+            j, t = verify_greedy_batch(draft, picked.argmax(-1).cpu(), lengths)
             for r, b in enumerate(greedy):
                 outcomes[b] = Outcome(items[b].seq_id, int(j[r]), int(t[r]))
         for b, (it, s) in enumerate(zip(items, seqs)):

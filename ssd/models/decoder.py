@@ -39,9 +39,7 @@ class ForwardBatch:
         if min(lengths) == 0:
             raise ValueError("every row of a forward batch needs at least one token")
         T, B = max(lengths), len(tokens)
-        ids = torch.zeros((B, T), dtype=torch.long)
-        for b, row in enumerate(tokens):
-            ids[b, :len(row)] = torch.tensor(row, dtype=torch.long)
+        ids = torch.tensor([list(row) + [0] * (T - n) for row, n in zip(tokens, lengths)], dtype=torch.long)
         start = torch.tensor(starts, dtype=torch.long)[:, None]
         positions = start + torch.arange(T)[None, :]
         valid = None
@@ -165,14 +163,16 @@ class Decoder(nn.Module):
         return KVCache(self.cfg, num_slots, max_len, scratch, self.embed.dtype, self.embed.device, num_blocks,
                        block_size, reserved_blocks, self.layers[0].attn.hkv)
 
-    def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
-        """Final-normed hidden states [B, T, hidden] for every token of the batch."""
+    def forward(self, batch: ForwardBatch, cache: KVCache, index: PagedIndex | None = None) -> torch.Tensor:
+        """Final-normed hidden states [B, T, hidden] for every token of the batch. `index` (where to write
+        and read) is computed from the batch unless given (a CUDA graph replays one it keeps)."""
         x = F.embedding(batch.input_ids, self.embed)
         cos, sin = self.rope(cache.num_columns).lookup(batch.positions)
-        cols = batch.positions if batch.cols is None else batch.cols
-        last = batch.positions[:, -1] if batch.valid is None else batch.positions.masked_fill(
-            ~batch.valid, -1).amax(dim=1)
-        index = cache.index(batch.slots, cols, batch.valid, batch.kv_len, last + 1)
+        if index is None:
+            cols = batch.positions if batch.cols is None else batch.cols
+            last = batch.positions[:, -1] if batch.valid is None else batch.positions.masked_fill(
+                ~batch.valid, -1).amax(dim=1)
+            index = cache.index(batch.slots, cols, batch.valid, batch.kv_len, last + 1)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, batch, cache, index, i)
         return self.norm(x)

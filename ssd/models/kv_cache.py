@@ -129,16 +129,13 @@ class KVCache:
         """Map what a forward writes (cols [B, T]) and reads (columns 0..kv_len-1) to physical rows."""
         bs = self.block_size
         slot_list = slots.tolist()
-        written = cols if valid is None else torch.where(valid, cols, 0)
-        ends = (written.amax(dim=1) + 1).tolist()
+        last_col = cols.amax(dim=1).tolist()
+        ends = [c + 1 for c in last_col] if valid is None else (torch.where(valid, cols, 0).amax(dim=1) + 1).tolist()
         for s, end in zip(slot_list, ends):
             self.ensure(s, end)
-        width = max(blocks_for(kv_len, bs), max(blocks_for(c + 1, bs) for c in cols.amax(dim=1).tolist()))
-        table = torch.zeros((len(slot_list), width), dtype=torch.long)
-        for b, s in enumerate(slot_list):
-            t = self.tables[s][:width]
-            table[b, :len(t)] = torch.tensor(t, dtype=torch.long)
-        table = table.to(self.k.device)
+        width = max(blocks_for(kv_len, bs), blocks_for(max(last_col) + 1, bs))
+        rows = [self.tables[s][:width] for s in slot_list]
+        table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=self.k.device)
         write = table.gather(1, cols // bs) * bs + cols % bs
         if valid is not None:
             write = write[valid]
@@ -151,12 +148,14 @@ class KVCache:
         """k/v [B, T, Hkv, D]; rows where `valid` is False are not written."""
         if valid is not None:
             k, v = k[valid], v[valid]
-        self.k[layer][index.write] = k.reshape(-1, *k.shape[-2:])
-        self.v[layer][index.write] = v.reshape(-1, *v.shape[-2:])
+        self.k[layer].index_copy_(0, index.write, k.reshape(-1, *k.shape[-2:]))
+        self.v[layer].index_copy_(0, index.write, v.reshape(-1, *v.shape[-2:]))
 
     def read(self, layer: int, index: PagedIndex) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [B, Hkv, kv_len, D] gathered through the block tables."""
-        return self.k[layer][index.read].transpose(1, 2), self.v[layer][index.read].transpose(1, 2)
+        shape, flat = (*index.read.shape, *self.k.shape[-2:]), index.read.reshape(-1)
+        return (self.k[layer].index_select(0, flat).view(shape).transpose(1, 2),
+                self.v[layer].index_select(0, flat).view(shape).transpose(1, 2))
 
     def block_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """[num_blocks, block_size, Hkv, D] views (the layout flash-attn's paged kernel reads)."""
