@@ -309,6 +309,16 @@ spec:
         - port: {{ . }}
           protocol: TCP
         {{- end }}
+    {{- with .metricsPort }}
+    # Prometheus scrapes /metrics (from networkPolicy.clients when set, else from anywhere).
+    - ports:
+        - port: {{ . }}
+          protocol: TCP
+      {{- with $.root.Values.networkPolicy.clients }}
+      from:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    {{- end }}
 {{- end }}
 
 {{/* Container spec of a worker (target or draft); call with (dict "root" $ "values" .Values.x "component" "x"
@@ -340,6 +350,9 @@ spec:
     - --advertise-address=tcp://$(POD_IP):{{ $v.ports.data }}
     {{- end }}
     - --log-level={{ $v.logLevel }}
+    {{- if $v.ports.metrics }}
+    - --metrics-address=0.0.0.0:{{ $v.ports.metrics }}
+    {{- end }}
     {{- with $v.extraArgs }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -352,6 +365,11 @@ spec:
     - name: control
       containerPort: {{ $v.ports.control }}
       protocol: TCP
+    {{- if $v.ports.metrics }}
+    - name: metrics
+      containerPort: {{ $v.ports.metrics }}
+      protocol: TCP
+    {{- end }}
   {{- include "ssd.grpcProbes" (dict "port" $v.ports.control "probes" $v.probes) | trim | nindent 2 }}
   {{- with include "ssd.lifecycle" $v }}
   {{- . | trim | nindent 2 }}
