@@ -21,8 +21,10 @@ Contract
   K = 0 is plain decoding (E = 1, no draft work): speculation is turned off where it does not pay, which
   depends on the batch size through ``t_v`` and ``t_d``.
 * While K = 0 is chosen, ``probe(rounds_since_probe)`` says when a sequence should run one round at ``k_max``
-  anyway (every ``probe_every`` rounds) so the acceptance estimate stays current and speculation comes back
-  when the draft starts paying (a different kind of text, a better draft).
+  anyway, so the acceptance estimate stays current and speculation comes back when the draft starts paying
+  (a different kind of text, a better draft). The interval starts at ``probe_every`` rounds and doubles with
+  each probe that leaves speculation off, up to ``max_probe_every`` (a draft that never pays costs ever less);
+  it returns to ``probe_every`` as soon as K > 0 is chosen again.
 * With no measurement yet, the prior (acceptance 0.6 per position, a draft step 1/6 of a verify) picks a
   K > 0: speculation starts on and turns itself down from evidence.
 
@@ -38,12 +40,14 @@ __all__ = ["AdaptiveK"]
 
 class AdaptiveK:
     def __init__(self, k_max: int, mode: str = "ssd", probe_every: int = 16, prior_acceptance: float = 0.6,
-                 decay: float = 0.97):
+                 decay: float = 0.97, max_probe_every: int = 256):
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         if mode not in ("sd", "ssd"):
             raise ValueError(f"mode must be sd or ssd, got {mode!r}")
         self.k_max, self.mode, self.probe_every, self.decay = k_max, mode, probe_every, decay
+        self.max_probe_every = max(probe_every, max_probe_every)
+        self.probe_interval = probe_every
         self.acceptance = [prior_acceptance] * k_max   # conditional, per position 1..k_max
         self.hit = 0.5 if mode == "ssd" else 0.0
         self.verify = LinearEma(prior_intercept=25e-3, prior_slope=1e-3, decay=0.95)
@@ -93,10 +97,18 @@ class AdaptiveK:
 
     def choose(self, batch: int) -> int:
         batch = max(1, batch)
-        return max(range(self.k_max + 1), key=lambda k: (self.throughput(batch, k), -k))
+        k = max(range(self.k_max + 1), key=lambda k: (self.throughput(batch, k), -k))
+        if k > 0:
+            self.probe_interval = self.probe_every
+        return k
 
     def probe(self, rounds_since_probe: int) -> bool:
-        return rounds_since_probe >= self.probe_every
+        """Whether a sequence that ran `rounds_since_probe` rounds with speculation off should probe now (a probe
+        lengthens the interval for the next ones)."""
+        if rounds_since_probe < self.probe_interval:
+            return False
+        self.probe_interval = min(self.max_probe_every, 2 * self.probe_interval)
+        return True
 
     def summary(self, batch: int) -> dict:
         return {"k": self.choose(batch), "acceptance": [round(a, 3) for a in self.acceptance],

@@ -68,9 +68,19 @@ def test_ssd_discounts_draft_time_by_the_hit_rate():
     assert ssd.choose(4) >= sd.choose(4)
 
 
-def test_probe_rounds_and_bad_arguments():
-    a = AdaptiveK(2, "ssd", probe_every=5)
-    assert not a.probe(4) and a.probe(5)
+def test_probe_rounds_back_off_while_off_and_reset_when_speculation_pays():
+    a = AdaptiveK(2, "sd", probe_every=5, max_probe_every=20)
+    timings(a)
+    feed(a, [0.02, 0.02], k=2)
+    assert a.choose(4) == 0
+    assert not a.probe(4) and a.probe(5)          # first probe after 5 rounds off
+    assert not a.probe(9) and a.probe(10)         # then 10, 20, and never more than 20
+    assert a.probe(20) and not a.probe(19) and a.probe(20)
+    feed(a, [0.95, 0.95], rounds=600, k=2)
+    assert a.choose(4) > 0 and a.probe_interval == 5
+
+
+def test_bad_arguments():
     with pytest.raises(ValueError):
         AdaptiveK(0)
     with pytest.raises(ValueError):
