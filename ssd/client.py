@@ -259,6 +259,31 @@ class _Base:
         return None
 
 
+@dataclass(slots=True)
+class _Resumption:
+    """Retry bookkeeping of one stream: consecutive failures, resumptions, and the failure that broke it."""
+    client: _Base
+    request: pb.GenerateRequest
+    result: Result
+    deadline: float | None
+    broken: SSDError | None = None
+    attempt: int = 0
+    resumes: int = 0
+
+    def after(self, e: grpc.RpcError, progressed: bool) -> float:
+        """Seconds to wait before resuming after `e` (the request now asks to resume), or raises."""
+        c = self.client
+        if (err := c._resume_error(e, self.broken, self.result)) is not None:
+            raise err from e
+        if progressed:
+            self.attempt, self.resumes = 0, self.resumes + 1
+        delay = c._backoff(e, self.attempt if self.resumes <= c.max_resumes else c.max_retries, self.deadline)
+        self.attempt += 1
+        self.broken = to_error(e)
+        self.request.resume_from = len(self.result.token_ids)
+        return delay
+
+
 class Client(_Base):
     """Blocking client; one channel, safe to share between threads."""
 
@@ -277,7 +302,8 @@ class Client(_Base):
 
     def _stream(self, request: pb.GenerateRequest, timeout: float | None) -> Iterator[Delta | Result]:
         deadline, request = self._deadline(timeout), self._prepare(request)
-        result, broken, attempt, resumes = Result(), None, 0, 0
+        result = Result()
+        retry = _Resumption(self, request, result, deadline)
         while True:
             progressed = False
             call = self._stub.Generate(request, timeout=self._remaining(deadline), metadata=self._metadata)
@@ -288,14 +314,7 @@ class Client(_Base):
                         yield delta
                 break
             except grpc.RpcError as e:
-                if (err := self._resume_error(e, broken, result)) is not None:
-                    raise err from e
-                if progressed:
-                    attempt, resumes = 0, resumes + 1
-                delay = self._backoff(e, attempt if resumes <= self.max_resumes else self.max_retries, deadline)
-                attempt += 1
-                broken = to_error(e)
-                request.resume_from = len(result.token_ids)
+                delay = retry.after(e, progressed)
             finally:
                 call.cancel()
             time.sleep(delay)
@@ -347,7 +366,8 @@ class AsyncClient(_Base):
 
     async def _stream(self, request: pb.GenerateRequest, timeout: float | None) -> AsyncIterator[Delta | Result]:
         deadline, request = self._deadline(timeout), self._prepare(request)
-        result, broken, attempt, resumes = Result(), None, 0, 0
+        result = Result()
+        retry = _Resumption(self, request, result, deadline)
         while True:
             progressed = False
             call = self._stub.Generate(request, timeout=self._remaining(deadline), metadata=self._metadata)
@@ -358,14 +378,7 @@ class AsyncClient(_Base):
                         yield delta
                 break
             except grpc.RpcError as e:
-                if (err := self._resume_error(e, broken, result)) is not None:
-                    raise err from e
-                if progressed:
-                    attempt, resumes = 0, resumes + 1
-                delay = self._backoff(e, attempt if resumes <= self.max_resumes else self.max_retries, deadline)
-                attempt += 1
-                broken = to_error(e)
-                request.resume_from = len(result.token_ids)
+                delay = retry.after(e, progressed)
             finally:
                 call.cancel()
             await asyncio.sleep(delay)
