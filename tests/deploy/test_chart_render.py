@@ -263,9 +263,26 @@ def test_impossible_settings_fail_with_a_clear_message(chart, values, message):
     ({"router": {"mode": "fast"}}, "/router/mode"),
     ({"router": {"replicas": 2}}, "replicas"),
     ({"target": {"ports": {"data": 70000}}}, "/target/ports/data"),
+    ({"redis": {"persistence": {"appendfsync": "never"}}}, "/redis/persistence/appendfsync"),
 ])
 def test_schema_rejects_wrong_values(chart, values, where):
     with pytest.raises(helm.HelmValuesError, match=where):
         chart.validate_schema(values)
     with pytest.raises(helm.HelmValuesError):
         render_docs(chart, values)
+
+
+def test_in_chart_redis_keeps_request_state_on_disk(chart):
+    def redis(values):
+        doc = find(render_docs(chart, {"redis": {"enabled": True, **values}}), "Deployment", f"{FULLNAME}-redis")
+        spec = pod_spec(doc)
+        return spec["containers"][0]["args"], spec["volumes"][0]
+
+    args, volume = redis({})
+    assert args[args.index("--appendonly") + 1] == "yes" and args[args.index("--appendfsync") + 1] == "always"
+    assert volume == {"name": "data", "emptyDir": {}}
+    args, volume = redis({"persistence": {"existingClaim": "ssd-redis-data", "appendfsync": "everysec"}})
+    assert args[args.index("--appendfsync") + 1] == "everysec"
+    assert volume["persistentVolumeClaim"] == {"claimName": "ssd-redis-data"}
+    args, _ = redis({"persistence": {"enabled": False}})
+    assert args[args.index("--appendonly") + 1] == "no" and "--appendfsync" not in args
