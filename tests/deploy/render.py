@@ -64,6 +64,7 @@ CASES = {
         "metrics": {"serviceMonitor": {"enabled": True}},
         "networkPolicy": {"clients": [{"namespaceSelector": {"matchLabels": {"name": "ingress-nginx"}}}]},
         "models": {"volume": {"type": "hostPath", "hostPath": "/srv/models"}, "prepare": {"enabled": True}},
-        "redis": {"enabled": True}},
+        "dataPlane": {"curve": {"enabled": True, "existingSecret": "ssd-curve"}},
+        "redis": {"enabled": True, "persistence": {"existingClaim": "ssd-redis-data"}}},
     "redis-discovery": {"router": {"discovery": "redis"}, "redis": {"enabled": True}},
 }

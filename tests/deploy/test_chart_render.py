@@ -286,3 +286,28 @@ def test_in_chart_redis_keeps_request_state_on_disk(chart):
     assert volume["persistentVolumeClaim"] == {"claimName": "ssd-redis-data"}
     args, _ = redis({"persistence": {"enabled": False}})
     assert args[args.index("--appendonly") + 1] == "no" and "--appendfsync" not in args
+
+
+def test_curve_keys_are_mounted_and_passed_to_every_service(chart):
+    docs = render_docs(chart, {"dataPlane": {"curve": {"enabled": True, "existingSecret": "ssd-curve"}}})
+    seen = set()
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "StatefulSet") or doc["metadata"]["name"].endswith("-redis"):
+            continue
+        spec = pod_spec(doc)
+        container = spec["containers"][0]
+        args = args_of(container)
+        role = container["args"][0]
+        assert {"name": "curve-keys", "secret": {"secretName": "ssd-curve", "defaultMode": 0o440}} in spec["volumes"]
+        assert {"name": "curve-keys", "mountPath": "/etc/ssd/curve", "readOnly": True} in container["volumeMounts"]
+        if role == "router":
+            assert args["curve-secret-key-file"] == "/etc/ssd/curve/router.key_secret"
+            assert args["curve-worker-key"] == "/etc/ssd/curve/worker.key"
+        else:
+            assert args["curve-secret-key-file"] == "/etc/ssd/curve/worker.key_secret"
+            assert args["curve-authorized-keys"] == "/etc/ssd/curve/router.key"
+        seen.add(role)
+    assert seen == {"router", "target", "draft"}
+    with pytest.raises(helm.HelmRenderError, match="dataPlane.curve.existingSecret"):
+        render_docs(chart, {"dataPlane": {"curve": {"enabled": True}}})
+    assert not any("curve" in str(d) for d in render_docs(chart, {}))

@@ -191,6 +191,12 @@ lifecycle:
 {{- end }}
 - name: tmp
   emptyDir: {}
+{{- if .Values.dataPlane.curve.enabled }}
+- name: curve-keys
+  secret:
+    secretName: {{ required "dataPlane.curve.existingSecret: name the Secret made from `ssd keys generate` (router.key, router.key_secret, worker.key, worker.key_secret)" .Values.dataPlane.curve.existingSecret }}
+    defaultMode: 0440
+{{- end }}
 {{- end }}
 
 {{- define "ssd.volumeMounts" -}}
@@ -198,6 +204,11 @@ lifecycle:
   mountPath: {{ .Values.models.mountPath }}
 - name: tmp
   mountPath: /tmp
+{{- if .Values.dataPlane.curve.enabled }}
+- name: curve-keys
+  mountPath: /etc/ssd/curve
+  readOnly: true
+{{- end }}
 {{- end }}
 
 {{- define "ssd.env" -}}
@@ -352,6 +363,10 @@ spec:
     - --log-level={{ $v.logLevel }}
     {{- if $v.ports.metrics }}
     - --metrics-address=0.0.0.0:{{ $v.ports.metrics }}
+    {{- end }}
+    {{- if $root.Values.dataPlane.curve.enabled }}
+    - --curve-secret-key-file=/etc/ssd/curve/worker.key_secret
+    - --curve-authorized-keys=/etc/ssd/curve/router.key
     {{- end }}
     {{- with $v.extraArgs }}
     {{- toYaml . | nindent 4 }}
