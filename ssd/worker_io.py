@@ -56,6 +56,7 @@ class WorkerEndpoint:
         self.address, self.ready, self.name, self.curve = address, ready, name, curve
         self.peer_timeout = peer_timeout
         self._last_seen: dict[bytes, float] = {}
+        self._reaped_at = 0.0
         self.inbox: queue.Queue = queue.Queue()
         self._outbox: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -129,7 +130,7 @@ class WorkerEndpoint:
     def _reap(self) -> None:
         """Report the routers that fell silent (at most one check per second)."""
         now = time.monotonic()
-        if now - getattr(self, "_reaped_at", 0.0) < 1.0:
+        if now - self._reaped_at < 1.0:
             return
         self._reaped_at = now
         for peer, seen in list(self._last_seen.items()):

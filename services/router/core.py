@@ -233,7 +233,11 @@ class RouterCore:
         self.max_len = min(p.ready.max_len for p in peers)
         self.timings = BackupTimings(k=max(1, self.k))
         if self.k and self.cfg.adaptive:
-            self.adaptive = {m: AdaptiveK(self.k, m, self.cfg.probe_every) for m in ("sd", "ssd")}
+            # One set of measurements serves both modes: the verify line here, the draft-step line of the backup
+            # timings (both fed once per message).
+            self._verify_line = AdaptiveK.default_verify_line()
+            self.adaptive = {m: AdaptiveK(self.k, m, self.cfg.probe_every, verify=self._verify_line,
+                                          draft_step=self.timings.draft_step) for m in ("sd", "ssd")}
             self._choice = {m: self.k for m in self.adaptive}
         log.info("workers ready: targets %s (%s), drafts %s; mode %s, K=%d", [p.address for p in self.targets],
                  t.model_id, [d.address for d in self.drafts], self.cfg.mode, self.k)
@@ -342,7 +346,6 @@ class RouterCore:
             roundtrip = time.monotonic() - sent
             t.verify_roundtrip_s += roundtrip
             self.metrics.target_verify(msg.elapsed_s, len(msg.items))
-            adaptive_modes = set()
             self.metrics.router_hop(max(0.0, roundtrip - msg.elapsed_s))
             for out in msg.items:
                 req = self.active.get(out.seq)
@@ -358,13 +361,12 @@ class RouterCore:
                     self.timings.observe_acceptance(BackupPolicy(req.spec_kind), out.accepted, len(req.spec))
                 if req.spec_kind in ("cache", "jit") and req.mode in self.adaptive:
                     self.adaptive[req.mode].observe_round(len(req.spec), out.accepted)
-                    adaptive_modes.add(req.mode)
                 if req.finish is not None:
                     self._finish(req, req.finish)
                 else:
                     self._next(req, out.accepted, out.token)
-            for a in self.adaptive.values():
-                a.observe_verify(positions, roundtrip)
+            if self.adaptive:
+                self._verify_line.observe(positions, roundtrip)
         elif isinstance(msg, wire.Prefilled):
             for seq, token in msg.items:
                 req = self.active.get(seq)
@@ -398,8 +400,6 @@ class RouterCore:
                 self.cache.publish(msg.seq, msg.round, entries)
         elif isinstance(msg, wire.JitResult):
             self.timings.observe_draft_step(len(msg.items), msg.elapsed_s / max(1, self.k))
-            for a in self.adaptive.values():
-                a.observe_draft_step(len(msg.items), msg.elapsed_s / max(1, self.k))
             self.times.jit_batches += 1
             self.times.jit_s += msg.elapsed_s
             self.metrics.jit(msg.elapsed_s)

@@ -40,7 +40,10 @@ __all__ = ["AdaptiveK"]
 
 class AdaptiveK:
     def __init__(self, k_max: int, mode: str = "ssd", probe_every: int = 16, prior_acceptance: float = 0.6,
-                 decay: float = 0.97, max_probe_every: int = 256):
+                 decay: float = 0.97, max_probe_every: int = 256, verify: LinearEma | None = None,
+                 draft_step: LinearEma | None = None):
+        """`verify` and `draft_step`: measurement lines shared with other users (the router feeds each once);
+        by default this instance keeps its own."""
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         if mode not in ("sd", "ssd"):
@@ -50,9 +53,14 @@ class AdaptiveK:
         self.probe_interval = probe_every
         self.acceptance = [prior_acceptance] * k_max   # conditional, per position 1..k_max
         self.hit = 0.5 if mode == "ssd" else 0.0
-        self.verify = LinearEma(prior_intercept=25e-3, prior_slope=1e-3, decay=0.95)
-        self.draft_step = LinearEma(prior_intercept=4e-3, prior_slope=4e-4, decay=0.95)
+        self.verify = verify if verify is not None else self.default_verify_line()
+        self.draft_step = draft_step if draft_step is not None else LinearEma(prior_intercept=4e-3, prior_slope=4e-4)
         self.rounds = 0
+
+    @staticmethod
+    def default_verify_line() -> LinearEma:
+        """Verify round trip in seconds against the positions in the batch, with its prior."""
+        return LinearEma(prior_intercept=25e-3, prior_slope=1e-3)
 
     # ---- measurements ---------------------------------------------------------------------------
     def observe_round(self, offered: int, accepted: int) -> None:
