@@ -9,34 +9,20 @@ import http.client
 import json
 import threading
 import time
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ssd.engine.stats import SpecStats
-from ssd.params import FinishReason, SamplingParams
+from ssd.params import FinishReason
 from ssd.tokenizer import Tokenizer
 from services.router.frontend import Frontend
 from services.router.http import HttpServer
+from tests.services.test_http import FakeRequest
 
 MODEL = "smollm2-135m-instruct"
 K = 3
-
-
-@dataclass(eq=False)
-class _Request:
-    rid: str
-    prompt: list[int]
-    params: SamplingParams
-    events: object
-    mode: str
-    arrival: float = field(default_factory=time.monotonic)
-    first_token_at: float | None = None
-    stats: SpecStats = field(default_factory=SpecStats)
-    finish: FinishReason | None = None
 
 
 class FakeCore:
@@ -51,11 +37,11 @@ class FakeCore:
             raise ValueError(f"speculation.mode: must be ar, sd or ssd, got {mode!r}")
         if k < 0 or (k and k > self.k):
             raise ValueError(f"speculation.k: must be in 0..{self.k} (the draft's K), got {k}")
-        req = _Request(rid, list(prompt), params, events, mode or "ssd")
+        req = FakeRequest(rid, list(prompt), params, events, mode or "ssd")
         threading.Thread(target=self._feed, args=(req,), daemon=True).start()
         return req
 
-    def _feed(self, req: _Request) -> None:
+    def _feed(self, req: FakeRequest) -> None:
         n = min(req.params.max_tokens, 64)
         for i in range(0, n, K):
             if req.finish is not None:
