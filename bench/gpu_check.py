@@ -327,31 +327,13 @@ def two_process_engine(target: Decoder, draft_cfg: ModelConfig, conn, k: int, ma
     class TwoProcessSSD(SpeculativeEngine):
         """SpeculativeEngine whose draft runs in another process, speculating while the target verifies."""
 
-        def step(self):
-            from ssd.engine.target import VerifyItem
-            admitted = self._admit()
-            batch = [s for s in self.running if s not in admitted]
-            if not batch:
-                return admitted
-            self._fill_backups(batch)
-            items = [VerifyItem(s.seq_id, self._rounds[s.seq_id].spec.tokens, None) for s in batch]
+        def _speculate_and_verify(self, batch, items):
             self.draft.send_round([(it.seq_id, self._rounds[it.seq_id].round + 1, it.tokens) for it in items])
             outcomes = self.target.verify(items)          # overlaps with the draft's speculate
             published = self.draft.receive_round(len(items))
             for s in batch:
                 self.cache.publish(s.seq_id, self._rounds[s.seq_id].round + 1, published[s.seq_id])
-            self.timings.observe_verify(len(batch), self.target.last_verify_s)
-            for s, it, out in zip(batch, items, outcomes):
-                st = self._rounds[s.seq_id]
-                st.round += 1
-                new = it.tokens[:out.accepted] + [out.token]
-                s.stats.record_round(len(it.tokens), out.accepted, self._commit(s, new))
-                if s.finished:
-                    self._finish(s)
-                    continue
-                self.draft.commit(s.seq_id, new)
-                self._next_from_cache(s, st, out.accepted, out.token)
-            return admitted + batch
+            return outcomes
 
     with torch.device("meta"):
         placeholder = Decoder(draft_cfg)   # the engine builds a DraftWorker; it is replaced by the remote one

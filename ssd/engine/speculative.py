@@ -94,11 +94,7 @@ class SpeculativeEngine(Engine):
         self._fill_backups(batch)
         items = [VerifyItem(s.seq_id, self._rounds[s.seq_id].spec.tokens, self._rounds[s.seq_id].spec.proposal)
                  for s in batch]
-        if self.spec.mode == "ssd":
-            published = self.draft.speculate([(it.seq_id, it.tokens) for it in items])
-            for s in batch:
-                self.cache.publish(s.seq_id, self._rounds[s.seq_id].round + 1, published[s.seq_id])
-        outcomes = self.target.verify(items)
+        outcomes = self._speculate_and_verify(batch, items)
         self.timings.observe_verify(len(batch), self.target.last_verify_s)
         for s, it, out in zip(batch, items, outcomes):
             st = self._rounds[s.seq_id]
@@ -113,6 +109,15 @@ class SpeculativeEngine(Engine):
             self.draft.commit(s.seq_id, new)
             self._next_from_cache(s, st, out.accepted, out.token)
         return admitted + batch
+
+    def _speculate_and_verify(self, batch: list[Sequence], items: list[VerifyItem]) -> list:
+        """The round's two halves: ssd speculation for the next round (published to the cache), then the verify.
+        In process they run one after the other; an engine with a remote draft overlaps them."""
+        if self.spec.mode == "ssd":
+            published = self.draft.speculate([(it.seq_id, it.tokens) for it in items])
+            for s in batch:
+                self.cache.publish(s.seq_id, self._rounds[s.seq_id].round + 1, published[s.seq_id])
+        return self.target.verify(items)
 
     def _admit(self) -> list[Sequence]:
         new = [self.waiting.popleft() for _ in range(min(len(self.waiting), self.target.free_slots))]
