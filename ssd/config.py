@@ -38,6 +38,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = ""
+    feature_draft: dict = field(default_factory=dict)  # set for a feature-reading draft (ssd.models.eagle)
 
     def __post_init__(self):
         if self.arch not in ARCHITECTURES.values():
@@ -95,11 +96,16 @@ class ModelConfig:
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_ids=eos,
                 name=str(d.get("_name_or_path", "")),
+                feature_draft=_feature_draft(d.get("ssd_feature_draft"), source),
             )
         except KeyError as e:
             raise ModelConfigError(f"{source}: required field {e.args[0]!r} is missing") from None
         except ModelConfigError as e:
             raise ModelConfigError(f"{source}: {e}") from None
+
+    @property
+    def reads_features(self) -> bool:
+        return bool(self.feature_draft)
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "ModelConfig":
@@ -113,3 +119,20 @@ class ModelConfig:
         cfg = cls.from_dict(d, source=str(path))
         cfg.name = cfg.name or Path(folder).name
         return cfg
+
+
+def _feature_draft(d, source: str) -> dict:
+    """The `ssd_feature_draft` block of a feature-reading draft's config.json: its output vocabulary size and
+    the size of the target features it reads."""
+    if d is None:
+        return {}
+    if not isinstance(d, dict):
+        raise ModelConfigError(f"{source}: field 'ssd_feature_draft' must be an object")
+    try:
+        out = {"draft_vocab_size": int(d["draft_vocab_size"]), "feature_size": int(d["feature_size"])}
+    except (KeyError, TypeError, ValueError) as e:
+        raise ModelConfigError(f"{source}: field 'ssd_feature_draft' needs integer draft_vocab_size and "
+                               f"feature_size ({e})") from None
+    if min(out.values()) <= 0:
+        raise ModelConfigError(f"{source}: ssd_feature_draft sizes must be positive, got {out}")
+    return out

@@ -3,10 +3,10 @@
 Rank 0, the leader, is the service: it owns the data plane and the control plane and runs the handler. Ranks
 1..N-1, the followers, are processes it spawns; each holds its shard of the model and a `TargetWorker` of its
 own. Every call that changes a TargetWorker (prefill, restore, verify, free) is broadcast by the leader before
-it runs (msgpack bytes in a uint8 tensor), and each follower makes the same call with the same inputs in the
-same order, so the collectives inside the forwards meet. A sampled request without a seed gets one from the
-leader, so every rank draws the same tokens. A follower exits when the leader goes; a follower that dies makes
-the leader exit with code 1.
+it runs (msgpack bytes in a uint8 tensor), and each follower makes the same call with the same inputs (the
+`features` flag included) in the same order, so the collectives inside the forwards meet; only the leader's
+`last_features` is read. A sampled request without a seed gets one from the leader, so every rank draws the
+same tokens. A follower exits when the leader goes; a follower that dies makes the leader exit with code 1.
 """
 from __future__ import annotations
 
@@ -106,19 +106,19 @@ class MirroredTarget:
     def __contains__(self, seq_id) -> bool:
         return seq_id in self.worker
 
-    def prefill(self, requests):
+    def prefill(self, requests, features: bool = False):
         requests = _seeded(requests)
-        self.channel.send(["prefill", _pack_requests(requests)])
-        return self.worker.prefill(requests)
+        self.channel.send(["prefill", _pack_requests(requests), features])
+        return self.worker.prefill(requests, features=features)
 
     def restore(self, requests):
         requests = _seeded(requests)
         self.channel.send(["restore", _pack_requests(requests)])
         return self.worker.restore(requests)
 
-    def verify(self, items):
-        self.channel.send(["verify", _pack_items(items)])
-        return self.worker.verify(items)
+    def verify(self, items, features: bool = False):
+        self.channel.send(["verify", _pack_items(items), features])
+        return self.worker.verify(items, features=features)
 
     def free(self, seq_id):
         self.channel.send(["free", seq_id])
@@ -132,10 +132,12 @@ def follow(worker: TargetWorker, channel: OpChannel) -> None:
         try:
             if op == "stop":
                 return
-            if op in ("prefill", "restore"):
-                getattr(worker, op)(_unpack_requests(args[0]))
+            if op == "prefill":
+                worker.prefill(_unpack_requests(args[0]), features=args[1])
+            elif op == "restore":
+                worker.restore(_unpack_requests(args[0]))
             elif op == "verify":
-                worker.verify(_unpack_items(args[0]))
+                worker.verify(_unpack_items(args[0]), features=args[1])
             elif op == "free":
                 worker.free(_key(args[0]))
             else:

@@ -21,6 +21,16 @@ Contract
   msgpack bin values: little-endian int32 ids and float32 probabilities, of equal length >= 1, ids in
   [0, 2**31), probabilities finite in [0, 1]. Probabilities travel as float32: decoded floats are the
   float32 roundings of those sent. ``proposal=None`` means greedy (one-hot).
+* A feature block is ``(start, data)``: ``start`` the position of its first row, an int in [0, 2**63);
+  ``data`` its rows, row-major little-endian float16 (the target's final pre-norm hidden states, one row per
+  position), a msgpack bin of even length, at most ``MAX_FRAME_BYTES``. The row size (hidden size) is not on
+  the wire: receivers check ``len(data)`` against it. Senders keep a message's feature bytes within
+  ``MAX_FEATURE_BYTES``, dropping the oldest rows first (a feature-reading draft reads missing rows as zeros;
+  exactness never depends on features).
+* Flags are msgpack booleans; decode refuses ints in their place.
+* Fields added after version 1 (``Ready.feature_size``, the ``features`` fields) come last and have defaults
+  (0, False, empty, None), so a message built without them means "no features"; on the wire every field is
+  always present.
 * The codec checks each field, not relations between fields (rows vs tokens): those are the receivers'.
 
 Type bytes::
@@ -35,21 +45,23 @@ from __future__ import annotations
 import math
 import sys
 from array import array
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from itertools import repeat
 from operator import attrgetter
 
 import msgpack
 import numpy as np
 
-__all__ = ["MAX_ARRAYS", "MAX_ENTRIES", "MAX_FRAME_BYTES", "MAX_ITEMS", "MAX_ROW_ENTRIES", "MAX_ROWS", "MAX_STR",
-           "MAX_TOKENS", "MESSAGE_TYPES", "PROTOCOL_VERSION", "Restore", "Restored", "CacheEntries", "CacheEntry",
-           "DraftAdd", "DraftAddItem", "DraftParamsSpec", "DraftRound", "DraftRoundItem", "Error", "Free", "Hello",
-           "Jit", "JitItem", "JitResult", "Message", "Outcome", "Outcomes", "Ping", "Pong", "Prefill", "PrefillItem",
-           "Prefilled", "Ready", "Row", "SamplingSpec", "Verify", "VerifyItem", "WireError", "decode", "encode"]
+__all__ = ["MAX_ARRAYS", "MAX_ENTRIES", "MAX_FEATURE_BYTES", "MAX_FRAME_BYTES", "MAX_ITEMS", "MAX_ROW_ENTRIES",
+           "MAX_ROWS", "MAX_STR", "MAX_TOKENS", "MESSAGE_TYPES", "PROTOCOL_VERSION", "Restore", "Restored",
+           "CacheEntries", "CacheEntry", "DraftAdd", "DraftAddItem", "DraftParamsSpec", "DraftRound", "DraftRoundItem",
+           "Error", "Features", "Free", "Hello", "Jit", "JitItem", "JitResult", "Message", "Outcome", "Outcomes",
+           "Ping", "Pong", "Prefill", "PrefillItem", "Prefilled", "Ready", "Row", "SamplingSpec", "Verify",
+           "VerifyItem", "WireError", "decode", "encode"]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_FRAME_BYTES = 16 << 20   # bytes per payload frame (decode/encode argument overrides it)
+MAX_FEATURE_BYTES = 4 << 20  # feature bytes senders put in one message (a quarter frame: room for the rest)
 MAX_ITEMS = 4096             # items per batch message, seqs per Free
 MAX_TOKENS = 1 << 20         # ints per token list
 MAX_ENTRIES = 4096           # entries per CacheEntries
@@ -137,6 +149,32 @@ class _Str:
         return v
 
     enc = dec
+
+
+class _Bool:
+    """A msgpack boolean; decode refuses ints (0 and 1 are not flags)."""
+
+    def dec(self, v):
+        if type(v) is not bool:
+            raise _Bad(f"expected a bool, got {_what(v)}")
+        return v
+
+    def enc(self, v):
+        return self.dec(bool(v) if isinstance(v, np.bool_) else v)
+
+
+class _Halves:
+    """Float16 rows as a bin: even length, at most MAX_FRAME_BYTES; encode takes any bytes-like object."""
+
+    def dec(self, v):
+        if type(v) is not bytes or len(v) % 2 or len(v) > MAX_FRAME_BYTES:
+            what = f"{len(v)} bytes" if type(v) is bytes else _what(v)
+            raise _Bad(f"expected a bin of float16 values (an even number of bytes, at most "
+                       f"MAX_FRAME_BYTES={MAX_FRAME_BYTES}), got {what}")
+        return v
+
+    def enc(self, v):
+        return self.dec(bytes(v) if isinstance(v, (bytearray, memoryview)) else v)
 
 
 class _Optional:
@@ -302,7 +340,10 @@ def _items(cls, limit: str = "MAX_ITEMS") -> _List:
 ID, U64, TOKEN, STR, TOKENS = _Int(), _Int(64), _Int(31), _Str(), _Ints("MAX_TOKENS")
 SECONDS, UNIT, SEED = _Float(0.0), _Float(0.0, 1.0), _Optional(_Int(64))
 PROPOSAL = _Optional(_Rows())
+FLAG, FEATURES = _Bool(), _Optional(_tuple(ID, _Halves()))   # FEATURES: a block or None
+SEQ_FEATURES = _List(_tuple(ID, ID, _Halves()), "MAX_ITEMS")
 Row = tuple[list[int], list[float]]
+Features = tuple[int, bytes]   # (start, float16 rows): a feature block
 
 
 @_wire(0x01, role=STR, peer_id=STR)
@@ -313,7 +354,7 @@ class Hello:
 
 
 @_wire(0x02, role=_Str("target", "draft"), model_id=STR, tokenizer_hash=STR, vocab_size=ID, max_len=ID, k=ID,
-       fanout=_Ints("MAX_ROWS", 63))
+       fanout=_Ints("MAX_ROWS", 63), feature_size=ID)
 @dataclass(slots=True)
 class Ready:
     role: str
@@ -323,6 +364,8 @@ class Ready:
     max_len: int
     k: int
     fanout: list[int]
+    # a target: its hidden size (the row size of its features); a draft: the row size it reads (0: none)
+    feature_size: int = 0
 
 
 @_wire(0x03, nonce=U64)
@@ -355,17 +398,20 @@ class PrefillItem:
     sampling: SamplingSpec
 
 
-@_wire(0x10, items=_items(PrefillItem))
+@_wire(0x10, items=_items(PrefillItem), features=FLAG)
 @dataclass(slots=True)
 class Prefill:
     items: list[PrefillItem]
+    features: bool = False   # answer with the prompts' features
 
 
-@_wire(0x11, items=_List(_tuple(ID, TOKEN), "MAX_ITEMS"), elapsed_s=SECONDS)
+@_wire(0x11, items=_List(_tuple(ID, TOKEN), "MAX_ITEMS"), elapsed_s=SECONDS, features=SEQ_FEATURES)
 @dataclass(slots=True)
 class Prefilled:
     items: list[tuple[int, int]]   # (seq, first_token)
     elapsed_s: float
+    # (seq, start, data): the features each prefill computed (a prefix-cache hit may skip the first); empty unless asked
+    features: list[tuple[int, int, bytes]] = field(default_factory=list)
 
 
 @_wire(0x12, items=_items(PrefillItem))
@@ -389,11 +435,12 @@ class VerifyItem:
     proposal: list[Row] | None   # one row per speculated token; None: greedy
 
 
-@_wire(0x20, batch_id=ID, items=_items(VerifyItem))
+@_wire(0x20, batch_id=ID, items=_items(VerifyItem), features=FLAG)
 @dataclass(slots=True)
 class Verify:
     batch_id: int
     items: list[VerifyItem]
+    features: bool = False   # answer with the features this verify computed
 
 
 @_wire(seq=ID, accepted=ID, token=TOKEN)
@@ -404,12 +451,14 @@ class Outcome:
     token: int
 
 
-@_wire(0x21, batch_id=ID, items=_items(Outcome), elapsed_s=SECONDS)
+@_wire(0x21, batch_id=ID, items=_items(Outcome), elapsed_s=SECONDS, features=SEQ_FEATURES)
 @dataclass(slots=True)
 class Outcomes:
     batch_id: int
     items: list[Outcome]
     elapsed_s: float
+    # (seq, start, data): up to and including each sequence's last accepted token; empty unless asked
+    features: list[tuple[int, int, bytes]] = field(default_factory=list)
 
 
 @_wire(temperature=SECONDS, top_k=ID, saguaro_c=SECONDS, saguaro_f=ID, seed=SEED)
@@ -422,12 +471,13 @@ class DraftParamsSpec:
     seed: int | None
 
 
-@_wire(seq=ID, tokens=TOKENS, params=_SPECS[DraftParamsSpec])
+@_wire(seq=ID, tokens=TOKENS, params=_SPECS[DraftParamsSpec], features=FEATURES)
 @dataclass(slots=True)
 class DraftAddItem:
     seq: int
     tokens: list[int]
     params: DraftParamsSpec
+    features: Features | None = None   # for a feature-reading draft: the target's features it has not seen
 
 
 @_wire(0x30, items=_items(DraftAddItem))
@@ -436,13 +486,14 @@ class DraftAdd:
     items: list[DraftAddItem]
 
 
-@_wire(seq=ID, round=ID, delta=TOKENS, spec=TOKENS)
+@_wire(seq=ID, round=ID, delta=TOKENS, spec=TOKENS, features=FEATURES)
 @dataclass(slots=True)
 class DraftRoundItem:
     seq: int
     round: int
     delta: list[int]   # tokens committed since the last message about seq
     spec: list[int]    # the speculation now being verified
+    features: Features | None = None   # the target's features received since the last message about seq
 
 
 @_wire(0x31, items=_items(DraftRoundItem))
@@ -469,12 +520,13 @@ class CacheEntries:
     elapsed_s: float
 
 
-@_wire(seq=ID, delta=TOKENS, k=ID)
+@_wire(seq=ID, delta=TOKENS, k=ID, features=FEATURES)
 @dataclass(slots=True)
 class JitItem:
     seq: int
     delta: list[int]
     k: int
+    features: Features | None = None   # as DraftRoundItem.features
 
 
 @_wire(0x40, batch_id=ID, items=_items(JitItem))

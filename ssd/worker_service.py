@@ -186,8 +186,12 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
     state.update(fingerprint=tok.fingerprint, vocab=model.cfg.vocab_size, kv_bytes=worker.cache.nbytes(),
                  kv_tokens=worker.cache.capacity_tokens, max_len=worker.max_len)
 
+    # A target's features are its hidden states; a draft reads features of worker.feature_size (0: none).
+    feature_size = model.cfg.hidden_size if role == "target" else worker.feature_size
+
     def ready() -> wire.Ready:
-        return wire.Ready(role, folder.name, tok.fingerprint, model.cfg.vocab_size, worker.max_len, k, fanout)
+        return wire.Ready(role, folder.name, tok.fingerprint, model.cfg.vocab_size, worker.max_len, k, fanout,
+                          feature_size)
 
     endpoint = WorkerEndpoint(cfg.data_address, ready, role, curve)
     state["endpoint"] = endpoint.start()

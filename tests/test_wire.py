@@ -18,26 +18,28 @@ ROW_A = ([3, 17, 40], [0.5, 0.25, 0.25])         # float32-exact probabilities r
 ROW_B = ([0, 2**31 - 1], [1.0, 0.0])
 SAMPLING = SamplingSpec(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, seed=2**64 - 1)
 DRAFT_PARAMS = DraftParamsSpec(temperature=1.0, top_k=32, saguaro_c=0.5, saguaro_f=3, seed=None)
+HALVES = np.array([[0.5, -1.0, 2.0], [65504.0, 0.0, -0.25]], "<f2").tobytes()   # two float16 rows of 3
 
 EXAMPLES = [
     Hello(role="router", peer_id="router-0"),
     Ready(role="draft", model_id="SmolLM2-135M", tokenizer_hash="ab12", vocab_size=49152, max_len=8192, k=4,
-          fanout=[4, 2, 1, 1, 1]),
+          fanout=[4, 2, 1, 1, 1], feature_size=576),
     Ping(nonce=2**64 - 1),
     Pong(nonce=0),
     Prefill(items=[PrefillItem(seq=1, tokens=[1, 2, 3], sampling=SAMPLING),
-                   PrefillItem(seq=2, tokens=[], sampling=SamplingSpec(0.0, 0, 1.0, 0.0, None))]),
-    Prefilled(items=[(1, 42), (2, 7)], elapsed_s=0.0125),
+                   PrefillItem(seq=2, tokens=[], sampling=SamplingSpec(0.0, 0, 1.0, 0.0, None))], features=True),
+    Prefilled(items=[(1, 42), (2, 7)], elapsed_s=0.0125, features=[(1, 0, HALVES), (2, 2**63 - 1, b"")]),
     Verify(batch_id=9, items=[VerifyItem(seq=1, tokens=[3, 0], proposal=[ROW_A, ROW_B]),
-                              VerifyItem(seq=2, tokens=[5], proposal=None)]),
+                              VerifyItem(seq=2, tokens=[5], proposal=None)], features=False),
     Outcomes(batch_id=9, items=[Outcome(seq=1, accepted=2, token=11), Outcome(seq=2, accepted=0, token=5)],
-             elapsed_s=0.003),
-    DraftAdd(items=[DraftAddItem(seq=1, tokens=[1, 2, 3, 42], params=DRAFT_PARAMS)]),
-    DraftRound(items=[DraftRoundItem(seq=1, round=3, delta=[11], spec=[3, 17, 40, 0])]),
+             elapsed_s=0.003, features=[(2, 7, HALVES)]),
+    DraftAdd(items=[DraftAddItem(seq=1, tokens=[1, 2, 3, 42], params=DRAFT_PARAMS, features=(0, HALVES)),
+                    DraftAddItem(seq=2, tokens=[1], params=DRAFT_PARAMS, features=None)]),
+    DraftRound(items=[DraftRoundItem(seq=1, round=3, delta=[11], spec=[3, 17, 40, 0], features=(4, HALVES))]),
     CacheEntries(seq=1, round=4, entries=[CacheEntry(accepted=0, token=3, tokens=[17, 40], proposal=[ROW_A, ROW_A]),
                                           CacheEntry(accepted=2, token=9, tokens=[1], proposal=None)],
                  elapsed_s=0.001),
-    Jit(batch_id=2, items=[JitItem(seq=1, delta=[11, 12], k=4)]),
+    Jit(batch_id=2, items=[JitItem(seq=1, delta=[11, 12], k=4, features=(5, HALVES)), JitItem(2, [], 4)]),
     JitResult(batch_id=2, items=[(1, [3, 17], [ROW_A, ROW_B]), (2, [5], None)], elapsed_s=0.002),
     Free(seqs=[1, 2, 2**63 - 1]),
     Error(code="late", message="draft replica 2 is draining", seq=None),
@@ -71,6 +73,23 @@ def test_every_message_round_trips(msg):
     assert len(out) == 2 and len(out[0]) == 1
     assert decode(out) == msg
     assert decode([bytearray(out[0]), memoryview(out[1])]) == msg  # zmq frames arrive as buffers
+
+
+def test_fields_added_in_version_2_default_to_no_features():
+    assert Ready("target", "m", "h", 1, 1, 0, []).feature_size == 0
+    assert not Prefill([]).features and not Verify(1, []).features
+    assert Prefilled([], 0.1).features == [] and Outcomes(1, [], 0.1).features == []
+    assert DraftAddItem(1, [1], DRAFT_PARAMS).features is None
+    assert DraftRoundItem(1, 1, [], []).features is None and JitItem(1, [], 1).features is None
+    assert decode(encode(Jit(1, [JitItem(1, [], 1)]))).items[0].features is None
+
+
+def test_features_travel_as_float16_bins_and_encode_takes_bytes_likes():
+    payload = msgpack.unpackb(encode(EXAMPLES[7])[1])
+    assert payload[-1] == [[2, 7, HALVES]]
+    assert np.frombuffer(payload[-1][0][2], "<f2").tolist() == [0.5, -1.0, 2.0, 65504.0, 0.0, -0.25]
+    item = DraftRoundItem(1, 1, [], [], features=(np.int64(3), memoryview(bytearray(HALVES))))
+    assert decode(encode(DraftRound([item]))).items[0].features == (3, HALVES)
 
 
 def test_rows_travel_as_little_endian_int32_and_float32_bins():
@@ -118,7 +137,8 @@ def test_oversized_payload_is_refused_before_unpacking():
 
 
 def test_wrong_version_names_both_versions():
-    message = rejects(frames(Ping, 1, version=2), "Ping", "version 2", f"version {PROTOCOL_VERSION}")
+    assert PROTOCOL_VERSION == 2
+    message = rejects(frames(Ping, 1, version=1), "Ping", "version 1", f"version {PROTOCOL_VERSION}")
     assert "not supported" in message
     rejects(frames(Ping, 1, version="1"), "Ping", "version str '1'")
 
@@ -131,20 +151,51 @@ def test_field_rejections_name_message_and_field():
     rejects(frames(Ping, -1), "Ping.nonce", "got -1")
     rejects(frames(Ping, 1.0), "Ping.nonce", "got 1.0")
     rejects(frames(Free, [1, "2"]), "Free.seqs[1]: expected an int")
-    rejects(frames(Outcomes, 1, [[1, 2, 3]], float("nan")), "Outcomes.elapsed_s: expected a finite float")
-    rejects(frames(Outcomes, 1, [[1, 2, 3]], 1), "Outcomes.elapsed_s", "got 1")   # ints are not floats
-    rejects(frames(Outcomes, 1, [[1, 2, -3]], 0.1), "Outcomes.items[0].token: expected an int in [0, 2**31)")
-    rejects(frames(Outcomes, 1, [[1, 2]], 0.1), "Outcomes.items[0]: expected the 3 fields")
-    rejects(frames(Ready, "router", "m", "h", 1, 1, 1, []), "Ready.role: expected one of ('target', 'draft')")
-    rejects(frames(Prefilled, [[1, 2, 3]], 0.1), "Prefilled.items[0]: expected an array of 2")
-    rejects(frames(DraftRound, [[1, 0, [5], [1, 2**31]]]), "DraftRound.items[0].spec[1]", "2**31")
-    rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, 0.0, None]]]), "Prefill.items[0].sampling.top_p")
+    rejects(frames(Outcomes, 1, [[1, 2, 3]], float("nan"), []), "Outcomes.elapsed_s: expected a finite float")
+    rejects(frames(Outcomes, 1, [[1, 2, 3]], 1, []), "Outcomes.elapsed_s", "got 1")   # ints are not floats
+    rejects(frames(Outcomes, 1, [[1, 2, -3]], 0.1, []), "Outcomes.items[0].token: expected an int in [0, 2**31)")
+    rejects(frames(Outcomes, 1, [[1, 2]], 0.1, []), "Outcomes.items[0]: expected the 3 fields")
+    rejects(frames(Outcomes, 1, [], 0.1), "Outcomes: expected the 4 fields", "got 3 values")   # a version-1 payload
+    rejects(frames(Ready, "router", "m", "h", 1, 1, 1, [], 0), "Ready.role: expected one of ('target', 'draft')")
+    rejects(frames(Prefilled, [[1, 2, 3]], 0.1, []), "Prefilled.items[0]: expected an array of 2")
+    rejects(frames(DraftRound, [[1, 0, [5], [1, 2**31], None]]), "DraftRound.items[0].spec[1]", "2**31")
+    rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, 0.0, None]]], False), "Prefill.items[0].sampling.top_p")
     rejects(frames(Error, "c", "m", "7"), "Error.seq: expected an int")
+
+
+def test_feature_rejections():
+    rejects(frames(Verify, 1, [], 1), "Verify.features: expected a bool, got 1")         # ints are not flags
+    rejects(frames(Prefill, [], 0), "Prefill.features: expected a bool, got 0")
+    rejects(frames(Prefill, [], None), "Prefill.features: expected a bool, got NoneType")
+    rejects(frames(Ready, "draft", "m", "h", 1, 1, 1, [], -1), "Ready.feature_size: expected an int")
+    rejects(frames(Outcomes, 1, [], 0.1, [[1, 0, b"\x00" * 3]]), "Outcomes.features[0][2]", "even", "got 3 bytes")
+    rejects(frames(Prefilled, [], 0.1, [[1, 0, "ab"]]), "Prefilled.features[0][2]", "got str 'ab'")
+    rejects(frames(Prefilled, [], 0.1, [[1, -1, b""]]), "Prefilled.features[0][1]: expected an int in [0, 2**63)")
+    rejects(frames(Prefilled, [], 0.1, [[1, b""]]), "Prefilled.features[0]: expected an array of 3")
+    rejects(frames(Prefilled, [], 0.1, [[1, 0, b""]] * (MAX_ITEMS + 1)), "Prefilled.features", "MAX_ITEMS")
+    add = [1, [1], [1.0, 32, 0.5, 3, None]]
+    rejects(frames(DraftAdd, [add + [[0, b"\x00"]]]), "DraftAdd.items[0].features[1]", "got 1 bytes")
+    rejects(frames(DraftAdd, [add + [[2**63, b""]]]), "DraftAdd.items[0].features[0]", "2**63")
+    rejects(frames(DraftAdd, [add + [b"\x00\x00"]]), "DraftAdd.items[0].features: expected an array of 2")
+    rejects(frames(DraftAdd, [add]), "DraftAdd.items[0]: expected the 4 fields")
+    rejects(frames(Jit, 1, [[1, [], 4, [0, b"\x00" * 5]]]), "Jit.items[0].features[1]", "even number")
+    rejects(frames(DraftRound, [[1, 0, [], [], [0, b"\x00", b"\x00"]]]), "DraftRound.items[0].features")
+    big = [frames(Jit, 1, [[1, [], 4, [0, b"\x00" * 64]]])[0],
+           msgpack.packb([PROTOCOL_VERSION, 1, [[1, [], 4, [0, b"\x00" * 64]]]], use_bin_type=True)]
+    rejects(big, "exceeds max_frame_bytes=32", max_frame_bytes=32)
+    for bad, fragment in [(Verify(1, [], features=1), "Verify.features: expected a bool"),
+                          (Prefilled([], 0.1, [(1, 0, b"\x00")]), "Prefilled.features[0][2]"),
+                          (Jit(1, [JitItem(1, [], 1, (0, [0, 0]))]), "Jit.items[0].features[1]: expected a bin"),
+                          (Jit(1, [JitItem(1, [], 1, (-1, b""))]), "Jit.items[0].features[0]"),
+                          (DraftRound([DraftRoundItem(1, 1, [], [], (0,))]), "expected a tuple of 2")]:
+        with pytest.raises(WireError) as err:
+            encode(bad)
+        assert fragment in str(err.value), (fragment, str(err.value))
 
 
 def _verify_frames(row) -> list[bytes]:
     good = [np.array([1], "<i4").tobytes(), np.array([1.0], "<f4").tobytes()]
-    return frames(Verify, 5, [[1, [1], None], [2, [1, 1, 1], [good, good, row]]])
+    return frames(Verify, 5, [[1, [1], None], [2, [1, 1, 1], [good, good, row]]], False)
 
 
 def test_proposal_rejections():
@@ -195,7 +246,7 @@ def test_limits_are_enforced_and_named():
     entries = [[0, 1, [], None]] * (wire.MAX_ENTRIES + 1)
     rejects(frames(CacheEntries, 1, 1, entries, 0.1), "CacheEntries.entries", "MAX_ENTRIES")
     rejects(frames(Hello, "x" * (wire.MAX_STR + 1), "p"), "Hello.role", "MAX_STR")
-    rejects(frames(Ready, "draft", "m", "h", 1, 1, 1, [1] * (wire.MAX_ROWS + 1)), "Ready.fanout", "MAX_ROWS")
+    rejects(frames(Ready, "draft", "m", "h", 1, 1, 1, [1] * (wire.MAX_ROWS + 1), 0), "Ready.fanout", "MAX_ROWS")
     huge_array = bytes([0xDD]) + (2**32 - 1).to_bytes(4, "big")   # claims 4 billion elements, holds none
     rejects([b"\x50", bytes([0x92, 0x01]) + huge_array], "Free", "malformed msgpack")
 

@@ -7,6 +7,11 @@ work is on the critical path, so it runs before speculative work. State changes 
 deltas) apply in arrival order; a `DraftRound` overtaken by a later message for the same sequence is stale
 and only its delta is applied. A sequence the draft does not know gets `Error(unknown_sequence)`: the
 router then re-adds it from its committed tokens (the draft is stateless apart from rebuildable KV).
+
+A feature-reading draft (`DraftWorker.feature_size` > 0, announced in `Ready.feature_size`) gets the target's
+features with adds and committed deltas (`features` of `DraftAddItem`, `DraftRoundItem`, `JitItem`); a block
+whose size is not a whole number of rows, or that the worker refuses, gets `Error(invalid_argument)` for its
+sequence and is ignored (the tokens still apply). An ordinary draft ignores features.
 """
 from __future__ import annotations
 
@@ -14,9 +19,11 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ssd import wire
 from ssd.engine.draft import DraftParams, DraftWorker
+from ssd.engine.features import FeatureBlock, from_wire
 from ssd.spec.fanout import uniform_fanout
 from ssd.worker_io import WorkerEndpoint
 from ssd.worker_service import Handler, WorkerConfig, run_worker, setup_process
@@ -50,13 +57,26 @@ class DraftHandler(Handler):
         log.warning("peer %s seq %s: %s", peer.hex(), seq, message)
         self.endpoint.send(peer, wire.Error(code, message, seq))
 
-    def _commit(self, peer, seq, delta) -> bool:
+    def _with_features(self, peer, seq, features: wire.Features | None,
+                       call: Callable[[FeatureBlock | None], None]) -> None:
+        """`call(block)` with the block of `features` (None when there is none or this draft reads none). A block
+        that is not whole rows, or that the worker refuses (it then changes nothing), gets Error(invalid_argument)
+        for the sequence, and `call(None)` applies the rest."""
+        if features is not None and self.worker.feature_size:
+            try:
+                call(from_wire(*features, self.worker.feature_size))
+                return
+            except ValueError as e:
+                self._error(peer, "invalid_argument", f"features ignored: {e}", seq)
+        call(None)
+
+    def _commit(self, peer, seq, delta, features: wire.Features | None) -> bool:
         key = (peer, seq)
         if key not in self.worker:
             self._error(peer, "unknown_sequence", f"sequence {seq} is not on this draft", seq)
             return False
-        if delta:
-            self.worker.commit(key, list(delta))
+        if delta or (features is not None and self.worker.feature_size):
+            self._with_features(peer, seq, features, lambda block: self.worker.commit(key, list(delta), block))
         return True
 
     def handle(self, batch) -> None:
@@ -72,20 +92,21 @@ class DraftHandler(Handler):
                         self._error(peer, "invalid_argument", f"tokens must be non-empty ids in [0, {vocab})", it.seq)
                         continue
                     p = it.params
-                    self.worker.add(key, list(it.tokens), DraftParams(p.temperature, p.top_k, p.saguaro_c,
-                                                                      p.saguaro_f, p.seed))
+                    params = DraftParams(p.temperature, p.top_k, p.saguaro_c, p.saguaro_f, p.seed)
+                    self._with_features(peer, it.seq, it.features,
+                                        lambda block: self.worker.add(key, list(it.tokens), params, block))
             elif isinstance(msg, wire.Free):
                 for seq in msg.seqs:
                     self.worker.free((peer, seq))
                     jits.pop((peer, seq), None), rounds.pop((peer, seq), None)
             elif isinstance(msg, wire.Jit):
                 for it in msg.items:
-                    if self._commit(peer, it.seq, it.delta):
+                    if self._commit(peer, it.seq, it.delta, it.features):
                         rounds.pop((peer, it.seq), None)
                         jits[(peer, it.seq)] = (peer, msg.batch_id, it.seq, it.k)
             elif isinstance(msg, wire.DraftRound):
                 for it in msg.items:
-                    if self._commit(peer, it.seq, it.delta):
+                    if self._commit(peer, it.seq, it.delta, it.features):
                         rounds[(peer, it.seq)] = (peer, it.seq, it.round, list(it.spec))
             else:
                 self._error(peer, "unexpected_message", f"the draft does not handle {type(msg).__name__}")

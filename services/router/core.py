@@ -11,6 +11,11 @@ One thread owns the ZeroMQ sockets and all sequence state; gRPC handler threads 
 Sequences advance independently: a verify batch holds whichever sequences are ready, so one miss never stalls
 the others. If the draft dies, its sequences continue on n-gram/none backups; when it is back, they are
 re-added from their committed tokens. Output never depends on any of this: the target decides every token.
+
+A draft that reads the target's features (`Ready.feature_size` equal to the targets' hidden size) gets them
+with its adds and deltas: Prefill and Verify ask the target for the features of sequences whose draft reads
+them, and each sequence keeps only the block its draft has not been sent yet (`services.router.features`).
+A draft whose feature size differs is logged and gets none.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from ssd.spec.adaptive import AdaptiveK
 from ssd.spec.backup import BackupPolicy, BackupTimings, choose_backup
 from ssd.spec.cache import CacheEntry, LookupReason, SpeculationCache
 from ssd.spec.ngram import ngram_propose
+from services.router import features
 from services.router.metrics import RouterMetrics
 from services.router.peers import Peer
 
@@ -125,6 +131,8 @@ class RouterCore:
         self.drafts = [Peer(self._ctx, d, "draft", curve) for d in drafts]
         self._load: dict[Peer, int] = {p: 0 for p in self.targets + self.drafts}
         self.vocab_size = 0
+        self.hidden_size = 0  # the targets' (Ready.feature_size): 2 x this is the byte size of a feature row
+        self._features: dict[int, wire.Features] = {}  # seq -> the target's features its draft has not been sent
         self.cache = SpeculationCache()
         self.timings = BackupTimings(k=3)
         self.stats = SpecStats()
@@ -224,12 +232,14 @@ class RouterCore:
                 p.tick(time.monotonic())
             time.sleep(0.02)
         t = self.target.ready
-        self.vocab_size = t.vocab_size
+        self.vocab_size, self.hidden_size = t.vocab_size, t.feature_size
         self.k = self.drafts[0].ready.k if self.drafts else 0
         for p in peers:
             problem = self._incompatible(p)
             if problem:
                 raise StartupError(problem)
+        for d in self.drafts:
+            self._check_features(d)
         self.max_len = min(p.ready.max_len for p in peers)
         self.timings = BackupTimings(k=max(1, self.k))
         if self.k and self.cfg.adaptive:
@@ -273,6 +283,17 @@ class RouterCore:
         if p.role == "draft" and r.k != self.k:
             return f"draft at {p.address} speculates K={r.k}; the pool uses K={self.k}"
         return None
+
+    def _check_features(self, d: Peer) -> None:
+        """Log a draft that reads features of another size than the targets' hidden size: it gets none."""
+        size = d.ready.feature_size
+        if size and size != self.hidden_size:
+            log.error("draft at %s (%s) reads features of size %d, but the targets' hidden size is %d: it gets no "
+                      "features (worse proposals; output unchanged)", d.address, d.ready.model_id, size,
+                      self.hidden_size)
+
+    def _reads_features(self, d: Peer | None) -> bool:
+        return d is not None and d.ready is not None and 0 < d.ready.feature_size == self.hidden_size
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -332,9 +353,9 @@ class RouterCore:
             return
         self._orphans.pop(req.seq, None)
         s = req.params
-        tokens = req.prompt if kind is wire.Prefill else req.prompt + req.output
-        req.target.send(kind([wire.PrefillItem(req.seq, tokens, wire.SamplingSpec(s.temperature, s.top_k, s.top_p,
-                                                                                    s.min_p, s.seed))]))
+        item = wire.PrefillItem(req.seq, req.prompt if kind is wire.Prefill else req.prompt + req.output,
+                                wire.SamplingSpec(s.temperature, s.top_k, s.top_p, s.min_p, s.seed))
+        req.target.send(wire.Prefill([item], self._wants_features(req)) if kind is wire.Prefill else kind([item]))
 
     def _on_target(self, peer: Peer, msg) -> None:
         if isinstance(msg, wire.Outcomes):
@@ -347,11 +368,13 @@ class RouterCore:
             t.verify_roundtrip_s += roundtrip
             self.metrics.target_verify(msg.elapsed_s, len(msg.items))
             self.metrics.router_hop(max(0.0, roundtrip - msg.elapsed_s))
+            blocks = {seq: block for seq, *block in msg.features}
             for out in msg.items:
                 req = self.active.get(out.seq)
                 if req is None or req.phase is not Phase.VERIFY or req.target is not peer or \
                         req.verify_batch != msg.batch_id:
                     continue  # a stale outcome: the sequence was restored since (this target stalled, then came back)
+                self._keep_features(req, blocks.get(out.seq))
                 req.round += 1
                 new = req.spec[:out.accepted] + [out.token]
                 committed = self._commit(req, new)
@@ -368,10 +391,12 @@ class RouterCore:
             if self.adaptive:
                 self._verify_line.observe(positions, roundtrip)
         elif isinstance(msg, wire.Prefilled):
+            blocks = {seq: block for seq, *block in msg.features}
             for seq, token in msg.items:
                 req = self.active.get(seq)
                 if req is None or req.phase is not Phase.PREFILL or req.target is not peer:
                     continue
+                self._keep_features(req, blocks.get(seq))
                 self.cache.start_sequence(seq, first_round=0)
                 self._commit(req, [token])
                 if req.finish is not None:
@@ -496,8 +521,35 @@ class RouterCore:
         params = (wire.DraftParamsSpec(0.0, 0, 1.0, 0, p.seed) if p.greedy else
                   wire.DraftParamsSpec(p.temperature, self.cfg.draft_top_k, self.cfg.saguaro_c, 1, p.seed))
         tokens = req.prompt + req.output
-        d.send(wire.DraftAdd([wire.DraftAddItem(req.seq, tokens, params)]))
+        d.send(wire.DraftAdd([wire.DraftAddItem(req.seq, tokens, params, self._take_features(req))]))
         req.draft_sent = len(tokens)
+
+    def _wants_features(self, req: Request) -> bool:
+        """Whether the target should send the sequence's features: its draft reads them (or, while it has no
+        draft, a draft of the pool does)."""
+        if req.mode == "ar":
+            return False
+        return any(self._reads_features(d) for d in ([req.draft] if req.draft is not None else self.drafts))
+
+    def _keep_features(self, req: Request, block: list | None) -> None:
+        """Merge a block the target sent for the sequence into its pending block (see `features`)."""
+        if block is None or not self._wants_features(req):
+            return
+        start, data = block
+        if len(data) % (2 * self.hidden_size):
+            log.warning("target %s sent %d feature bytes for seq %d: not rows of hidden size %d; dropped",
+                        req.target.address, len(data), req.seq, self.hidden_size)
+            return
+        self._features[req.seq] = features.merge(self._features.get(req.seq), start, data, 2 * self.hidden_size)
+
+    def _take_features(self, req: Request) -> wire.Features | None:
+        """The sequence's pending features for the message about to go to its draft (None if that draft does not
+        read them); either way they are no longer pending."""
+        block = self._features.pop(req.seq, None)
+        if block is None or not self._reads_features(req.draft):
+            return None
+        self.metrics.feature_rows(len(block[1]) // (2 * self.hidden_size))
+        return block
 
     def _next(self, req: Request, j: int, t: int) -> None:
         """After an outcome: the next speculation from the cache, or a backup (none when K is 0)."""
@@ -547,10 +599,12 @@ class RouterCore:
                 if req.draft is None or not req.draft.alive:
                     self._backup(req, BackupPolicy.NGRAM)
                     continue
-                jits.setdefault(req.draft, []).append(wire.JitItem(req.seq, self._delta(req), self._room(req)))
+                jits.setdefault(req.draft, []).append(wire.JitItem(req.seq, self._delta(req), self._room(req),
+                                                                   self._take_features(req)))
             self._jit_pending = []
             for d, items in jits.items():
-                d.send(wire.Jit(next(self._batches), items))
+                for run in features.runs(items):
+                    d.send(wire.Jit(next(self._batches), run))
         ready = [r for r in self.active.values() if r.phase is Phase.READY]
         if not ready:
             return
@@ -563,15 +617,17 @@ class RouterCore:
             r.drafted = r.mode == "ssd" and r.draft is not None and r.draft.alive and \
                 (r.k_now > 0 or self._choice.get("ssd", self.k) > 0)
             if r.drafted:
-                rounds.setdefault(r.draft, []).append(wire.DraftRoundItem(r.seq, r.round + 1, self._delta(r), r.spec))
+                rounds.setdefault(r.draft, []).append(wire.DraftRoundItem(r.seq, r.round + 1, self._delta(r), r.spec,
+                                                                          self._take_features(r)))
         for t, items in verifies.items():
             batch_id = next(self._batches)
             self._sent_at[batch_id] = (time.monotonic(), sum(len(it.tokens) + 1 for it in items))
             for it in items:
                 self.active[it.seq].verify_batch = batch_id
-            t.send(wire.Verify(batch_id, items))
+            t.send(wire.Verify(batch_id, items, any(self._wants_features(self.active[it.seq]) for it in items)))
         for d, items in rounds.items():
-            d.send(wire.DraftRound(items))
+            for run in features.runs(items):
+                d.send(wire.DraftRound(run))
 
     def _adapt(self) -> None:
         """The adaptive policy's K per mode for the current batch size (logged and exported when it changes)."""
@@ -632,6 +688,7 @@ class RouterCore:
                     if req.phase is not Phase.PREFILL:
                         self._add_to_draft(req)
             elif change == "ready":
+                self._check_features(d)
                 orphans = [r for r in self.active.values() if r.draft is None and r.phase is not Phase.PREFILL]
                 log.info("draft %s is ready: it takes new sequences and %d without a draft", d.address, len(orphans))
                 for req in orphans:
@@ -649,6 +706,7 @@ class RouterCore:
                 self._assign(req, role, None)
         if req.seq in self.cache:
             self.cache.end_sequence(req.seq)
+        self._features.pop(req.seq, None)
         self.finished += 1
         self.stats.merge(req.stats)
         self._record_end(req, reason)

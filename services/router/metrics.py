@@ -115,6 +115,9 @@ class RouterMetrics:
         self.speculation_k = Gauge(
             "ssd_speculation_k", "Draft tokens per round the adaptive policy currently runs (0 = speculation off), "
             "by mode.", ["mode"], registry=r)
+        self.feature_rows_sent = Counter(
+            "ssd_feature_rows_total", "Target feature rows (one per position) sent on to feature-reading drafts.",
+            registry=r)
 
         # Step timings.
         self.verify_time = Histogram(
@@ -202,6 +205,10 @@ class RouterMetrics:
 
     def backup_used(self, kind: str) -> None:
         self.backups.labels(_label(kind, BACKUP_KINDS, "backup kind")).inc()
+
+    def feature_rows(self, n: int) -> None:
+        _non_negative("n", n)
+        self.feature_rows_sent.inc(n)
 
     # Gauges --------------------------------------------------------------------------------------------
 

@@ -3,6 +3,12 @@
 Sequences are keyed by (router peer, sequence id), so several routers can share one target. Verify messages
 that arrive together are merged into one forward (continuous batching: new sequences join between rounds).
 A bad item gets an `Error` naming its sequence; the rest of its batch runs.
+
+A `Prefill` or `Verify` with `features` set is answered with the features that call computed for each of its
+sequences (the final pre-norm hidden states, float16): `Prefilled.features` and `Outcomes.features`. Verify
+messages merged into one forward compute features if any of them asked; only those that asked get them. A
+message carries at most `wire.MAX_FEATURE_BYTES` of features: beyond that each block loses its oldest rows
+(the draft reads missing rows as zeros).
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ssd import wire
+from ssd.engine.features import FeatureBlock, to_wire
 from ssd.engine.target import TargetWorker, VerifyItem
 from ssd.sampling import SamplingParams
 from ssd.tp_service import SETTINGS, build_target
@@ -46,7 +53,7 @@ class TargetHandler(Handler):
                 # the rebuilt sequence is not advanced by an old speculation.
                 fresh = {item.seq for item in msg.items}
                 verifies = [(p, m if p != peer else
-                             wire.Verify(m.batch_id, [it for it in m.items if it.seq not in fresh]))
+                             wire.Verify(m.batch_id, [it for it in m.items if it.seq not in fresh], m.features))
                             for p, m in verifies]
                 self._prefill(peer, msg)
             elif isinstance(msg, wire.Free):
@@ -90,11 +97,31 @@ class TargetHandler(Handler):
                 self.worker.restore(requests)
                 self.endpoint.send(peer, wire.Restored(seqs, time.perf_counter() - t0))
             else:
-                firsts = self.worker.prefill(requests)
-                self.endpoint.send(peer, wire.Prefilled(list(zip(seqs, firsts)), time.perf_counter() - t0))
+                firsts = self.worker.prefill(requests, features=msg.features)
+                features = self._features(peer, seqs) if msg.features else []
+                self.endpoint.send(peer, wire.Prefilled(list(zip(seqs, firsts)), time.perf_counter() - t0, features))
         except ValueError as e:
             for seq in seqs:
                 self._error(peer, "invalid_argument", str(e), seq)
+
+    def _features(self, peer: bytes, seqs: list[int]) -> list[tuple[int, int, bytes]]:
+        """(seq, start, data) of the last call's feature blocks of `seqs`, within MAX_FEATURE_BYTES in all: a block
+        that does not fit keeps its newest rows (those the draft reads next)."""
+        out, room = [], wire.MAX_FEATURE_BYTES
+        for seq in seqs:
+            block = self.worker.last_features.get((peer, seq))
+            if block is None:
+                continue
+            rows, dim = block.rows.shape
+            keep = min(rows, room // (2 * dim))
+            if keep < rows:
+                log.debug("seq %d: %d of %d feature rows exceed MAX_FEATURE_BYTES; sending the newest %d", seq,
+                          rows - keep, rows, keep)
+                block = FeatureBlock(block.start + rows - keep, block.rows[rows - keep:])
+            if keep:
+                out.append((seq, *to_wire(block)))
+                room -= 2 * dim * keep
+        return out
 
     def _verify(self, messages) -> None:
         t0 = time.perf_counter()
@@ -110,13 +137,15 @@ class TargetHandler(Handler):
                 owners.append((peer, msg.batch_id))
         if not items:
             return
-        outcomes = self.worker.verify(items)
+        asked = {(peer, msg.batch_id) for peer, msg in messages if msg.features}
+        outcomes = self.worker.verify(items, features=bool(asked))
         elapsed = time.perf_counter() - t0
         grouped = defaultdict(list)
         for owner, out in zip(owners, outcomes):
             grouped[owner].append(wire.Outcome(out.seq_id[1], out.accepted, out.token))
         for (peer, batch_id), outs in grouped.items():
-            self.endpoint.send(peer, wire.Outcomes(batch_id, outs, elapsed))
+            features = self._features(peer, [o.seq for o in outs]) if (peer, batch_id) in asked else []
+            self.endpoint.send(peer, wire.Outcomes(batch_id, outs, elapsed, features))
 
 
 def run(cfg: TargetConfig) -> int:

@@ -12,6 +12,14 @@ s1..sj and its own chain, through an explicit mask, and writes its KV to scratch
 speculated region, so committed KV is never overwritten. The draft's KV stays valid for the committed tokens;
 speculative KV that later turns out committed (accepted tokens) is kept by `commit` without recomputation.
 
+A feature-reading draft (`ssd.models.eagle`) also takes the target's features: `add` and `commit` accept a
+`FeatureBlock`, kept per sequence as the input feature of each position (the target's feature one position
+earlier; zeros where none arrived). Committed positions are computed from those; speculated positions (the
+glue's s1..sK, every branch step) read the draft's own output at the previous position instead, so the glue
+runs as one forward over the committed catch-up plus one single-token step per speculated token. KV computed
+before its input feature was known (speculated tokens that were then accepted) is recomputed once the
+feature arrives (`fresh` marks how far KV is final).
+
 The KV cache is paged. The branches' scratch blocks come from a pool reserved for them, mapped for the round
 and given back after it, so they never take committed KV's blocks nor wait for them. A sequence starts from
 the prefix cache; when committed KV runs out, the least recently used other sequence loses its KV (it is
@@ -24,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ssd.engine.features import FeatureBlock
 from ssd.models.blocks import PrefixStats
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
@@ -60,6 +69,9 @@ class _DraftSeq:
     written: list[int] = field(default_factory=list)  # speculative tokens whose KV follows kv_len
     generator: torch.Generator | None = None
     used: int = 0                                     # last forward that used it (for eviction)
+    feats: torch.Tensor | None = None                 # feature drafts: row p = input feature of position p
+    nfeat: int = 0                                    # the target's features 0..nfeat-1 are known
+    fresh: int = 0                                    # KV of positions < fresh was computed from known inputs
 
 
 class DraftWorker:
@@ -86,6 +98,8 @@ class DraftWorker:
         self.last_speculate_s = 0.0
         self.evictions = 0
         self._forwards = 0
+        self.feature_size = model.feature_size if getattr(model, "reads_features", False) else 0
+        self.feature_rows_received = 0   # target feature rows taken by add/commit
 
     @property
     def prefix_stats(self) -> PrefixStats:
@@ -94,15 +108,17 @@ class DraftWorker:
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.seqs
 
-    def add(self, seq_id: int, tokens: list[int], params: DraftParams) -> None:
+    def add(self, seq_id: int, tokens: list[int], params: DraftParams, features: FeatureBlock | None = None) -> None:
         """Start (or rebuild) a sequence from its committed tokens; its KV is computed lazily."""
         self.free(seq_id)
         seed = None if params.seed is None else (params.seed + SEED_OFFSET) % 2**63
         self.seqs[seq_id] = _DraftSeq(list(tokens), params, self.cache.allocate(), generator=make_generator(seed))
+        self._take_features(self.seqs[seq_id], features)
 
-    def commit(self, seq_id: int, new_tokens: list[int]) -> None:
+    def commit(self, seq_id: int, new_tokens: list[int], features: FeatureBlock | None = None) -> None:
         """Append newly committed tokens; KV already written for a matching speculative prefix is kept."""
         s = self.seqs[seq_id]
+        self._take_features(s, features)
         if s.kv_len == len(s.tokens):
             m = 0
             while m < min(len(new_tokens), len(s.written)) and new_tokens[m] == s.written[m]:
@@ -121,7 +137,48 @@ class DraftWorker:
     def _register(self, s: _DraftSeq) -> None:
         """Full blocks of committed tokens with KV; the last token's column may be rewritten, so not its block."""
         if self.prefix_caching:
-            self.cache.register(s.slot, s.tokens, min(s.kv_len, len(s.tokens) - 1))
+            final = min(s.kv_len, s.fresh) if self.feature_size else s.kv_len
+            self.cache.register(s.slot, s.tokens, min(final, len(s.tokens) - 1))
+
+    def _take_features(self, s: _DraftSeq, block: FeatureBlock | None) -> None:
+        """Store the target's features block.start.. as the input features of the positions after them."""
+        if block is None or not self.feature_size or block.rows.shape[0] == 0:
+            return
+        if block.rows.ndim != 2 or block.rows.shape[1] != self.feature_size:
+            raise ValueError(f"feature rows must be [n, {self.feature_size}], got {list(block.rows.shape)}")
+        end = block.start + block.rows.shape[0]
+        if end > self.max_len + self.k + 1:
+            raise ValueError(f"features up to position {end} run past the maximum length {self.max_len}")
+        self._grow(s, end + 1)
+        s.feats[block.start + 1:end + 1] = block.rows.to(s.feats.dtype)
+        if block.start < s.nfeat:          # known features rewritten: KV computed from them is stale
+            s.fresh = min(s.fresh, block.start + 1)
+        s.nfeat = max(s.nfeat, end)
+        self.feature_rows_received += block.rows.shape[0]
+
+    def _grow(self, s: _DraftSeq, rows: int) -> None:
+        have = 0 if s.feats is None else s.feats.shape[0]
+        if rows > have:
+            new = torch.zeros(max(rows, 2 * have, 64), self.feature_size, dtype=self.model.embed.dtype,
+                              device=self.device)
+            if have:
+                new[:have] = s.feats
+            s.feats = new
+
+    def _input_features(self, seqs: list[_DraftSeq], rows: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """[B, T, F]: the stored input features of each row's positions (zeros where unknown or padding)."""
+        T = max(len(r) for r in rows)
+        out = torch.zeros(len(seqs), T, self.feature_size, dtype=self.model.embed.dtype, device=self.device)
+        for b, (s, r, st) in enumerate(zip(seqs, rows, starts)):
+            self._grow(s, st + len(r))
+            out[b, :len(r)] = s.feats[st:st + len(r)]
+        return out
+
+    def _caught_up(self, s: _DraftSeq, start: int) -> None:
+        """After a forward over positions start..len(tokens)-1 from stored input features."""
+        s.kv_len = len(s.tokens)
+        if s.fresh >= start:
+            s.fresh = min(len(s.tokens), max(start, s.nfeat + 1))
 
     def _map(self, seqs: list[_DraftSeq], ends: list[int]) -> None:
         """Map columns 0..end-1 of each sequence, evicting the KV of others (LRU) when blocks run out."""
@@ -137,7 +194,7 @@ class DraftWorker:
                 victim = min(others, key=lambda o: o.used)
                 self._register(victim)
                 self.cache.drop(victim.slot)
-                victim.kv_len, victim.written = 0, []
+                victim.kv_len, victim.written, victim.fresh = 0, [], 0
                 self.evictions += 1
             self.cache.ensure(s.slot, end)
 
@@ -163,8 +220,10 @@ class DraftWorker:
         """Tokens each sequence must (re)feed so its last committed token's output is computed."""
         for s in seqs:
             if self.prefix_caching and s.kv_len == 0 and not self.cache.tables[s.slot]:
-                s.kv_len = self.cache.match_prefix(s.slot, s.tokens)
-        starts = [min(s.kv_len, len(s.tokens) - 1) for s in seqs]
+                s.kv_len = s.fresh = self.cache.match_prefix(s.slot, s.tokens)
+        # a feature draft recomputes KV whose input feature has arrived since it was computed
+        starts = [min(s.fresh if self.feature_size and s.fresh < s.kv_len and s.nfeat >= s.fresh else s.kv_len,
+                      len(s.tokens) - 1) for s in seqs]
         return [s.tokens[st:] for s, st in zip(seqs, starts)], starts
 
     def _groups(self, seq_ids: list) -> list[list]:
@@ -203,16 +262,28 @@ class DraftWorker:
         rows, starts = self._catch_up_rows(seqs)
         self._map(seqs, [st + len(r) + max(0, ke - 1) for st, r, ke in zip(starts, rows, k_eff)])
         t0 = time.perf_counter()
+        prev = None   # feature drafts: each row's output at its last position, the next step's input feature
         for step in range(max(k_eff, default=0)):
             active = [b for b in range(len(seqs)) if k_eff[b] > step]
             fb = ForwardBatch.ragged([rows[b] for b in active], [starts[b] for b in active],
                                      [seqs[b].slot for b in active], self.device)
             lengths = torch.tensor([len(rows[b]) - 1 for b in active], device=self.device)
-            hidden = self.model(fb, self.cache)[torch.arange(len(active), device=self.device), lengths]
+            pick = torch.arange(len(active), device=self.device), lengths
+            if self.feature_size:
+                fb.features = (self._input_features([seqs[b] for b in active], [rows[b] for b in active],
+                                                    [starts[b] for b in active]) if step == 0
+                               else prev[active][:, None])
+                hidden, pre = self.model(fb, self.cache, features=True)
+                if prev is None:
+                    prev = torch.zeros(len(seqs), self.feature_size, dtype=pre.dtype, device=self.device)
+                prev[active] = pre[pick]
+                hidden = hidden[pick]
+            else:
+                hidden = self.model(fb, self.cache)[pick]
             tokens, support = self._propose(self.model.logits(hidden), [seqs[b] for b in active])
             for r, b in enumerate(active):
                 if step == 0:
-                    seqs[b].kv_len = len(seqs[b].tokens)
+                    self._caught_up(seqs[b], starts[b])
                 else:
                     seqs[b].written.append(rows[b][0])
                 specs[b].tokens.append(tokens[r])
@@ -228,25 +299,56 @@ class DraftWorker:
         seqs = [self.seqs[i] for i, _ in items]
         specs = [list(s) for _, s in items]
         rows, starts = self._catch_up_rows(seqs)
-        rows = [r + sp for r, sp in zip(rows, specs)]
-        self._map(seqs, [st + len(r) for st, r in zip(starts, rows)])
-        fb = ForwardBatch.ragged(rows, starts, [s.slot for s in seqs], self.device)
-        hidden = self.model(fb, self.cache)
-        # the outputs at the last committed token and at s1..sK: the draft's view of t* for j = 0..len(sp)
-        picks = [(b, c) for b, sp in enumerate(specs) for c in range(len(rows[b]) - len(sp) - 1, len(rows[b]))]
-        logits = self.model.logits(hidden[[b for b, _ in picks], [c for _, c in picks]])
+        glue_feats = None
+        if self.feature_size:
+            logits, glue_feats = self._glue_with_features(seqs, specs, rows, starts)
+        else:
+            rows = [r + sp for r, sp in zip(rows, specs)]
+            self._map(seqs, [st + len(r) for st, r in zip(starts, rows)])
+            fb = ForwardBatch.ragged(rows, starts, [s.slot for s in seqs], self.device)
+            hidden = self.model(fb, self.cache)
+            # the outputs at the last committed token and at s1..sK: the draft's view of t* for j = 0..len(sp)
+            picks = [(b, c) for b, sp in enumerate(specs) for c in range(len(rows[b]) - len(sp) - 1, len(rows[b]))]
+            logits = self.model.logits(hidden[[b for b, _ in picks], [c for _, c in picks]])
         for s, sp in zip(seqs, specs):
             s.kv_len, s.written = len(s.tokens), list(sp)
         forks_per_seq = select_forks_batch(logits, specs, self.fanout)
         for s, sp, forks in zip(seqs, specs, forks_per_seq):
             self.cache.ensure(s.slot, len(s.tokens) + len(sp) + 1 + len(forks) * self.k, scratch=True)
-        entries = self._grow_branches(seqs, specs, forks_per_seq)
+        entries = self._grow_branches(seqs, specs, forks_per_seq, glue_feats)
         for s, sp in zip(seqs, specs):
             self.cache.trim(s.slot, len(s.tokens) + len(sp))
         return {seq_id: e for (seq_id, _), e in zip(items, entries)}
 
-    def _grow_branches(self, seqs, specs, forks_per_seq) -> list[dict[tuple[int, int], CacheEntry]]:
-        """K batched steps; row b holds all branches of sequence b as its queries."""
+    def _glue_with_features(self, seqs, specs, rows, starts) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A feature draft's glue: the committed catch-up in one forward (stored features), then s1..sK one
+        step each, every step reading the previous step's output. Returns the logits rows j = 0..K_b of each
+        sequence in order, and per sequence the outputs [K_b + 1, F] at those positions (a branch forking at
+        j reads row j as its first input feature)."""
+        B, dev = len(seqs), self.device
+        self._map(seqs, [st + len(r) + len(sp) for st, r, sp in zip(starts, rows, specs)])
+        fb = ForwardBatch.ragged(rows, starts, [s.slot for s in seqs], dev)
+        fb.features = self._input_features(seqs, rows, starts)
+        hidden, pre = self.model(fb, self.cache, features=True)
+        pick = torch.arange(B, device=dev), torch.tensor([len(r) - 1 for r in rows], device=dev)
+        hs, outs = [[h] for h in hidden[pick]], [[o] for o in pre[pick]]
+        for s, st in zip(seqs, starts):
+            self._caught_up(s, st)
+        for i in range(1, max((len(sp) for sp in specs), default=0) + 1):
+            active = [b for b in range(B) if len(specs[b]) >= i]
+            fb = ForwardBatch.ragged([[specs[b][i - 1]] for b in active],
+                                     [len(seqs[b].tokens) - 1 + i for b in active], [seqs[b].slot for b in active], dev)
+            fb.features = torch.stack([outs[b][-1] for b in active])[:, None]
+            hidden, pre = self.model(fb, self.cache, features=True)
+            for r, b in enumerate(active):
+                hs[b].append(hidden[r, 0])
+                outs[b].append(pre[r, 0])
+        logits = self.model.logits(torch.stack([h for row in hs for h in row]))
+        return logits, [torch.stack(o) for o in outs]
+
+    def _grow_branches(self, seqs, specs, forks_per_seq, glue_feats=None) -> list[dict[tuple[int, int], CacheEntry]]:
+        """K batched steps; row b holds all branches of sequence b as its queries. A feature draft's branch
+        reads the glue output where it forks, then its own previous output."""
         B, K = len(seqs), self.k
         nb = [len(f) for f in forks_per_seq]
         width = max(nb, default=0)
@@ -270,11 +372,22 @@ class DraftWorker:
         chains = [[[] for _ in range(nb[b])] for b in range(B)]
         props = [[[] for _ in range(nb[b])] for b in range(B)]
         branch_seqs = [s for b, s in enumerate(seqs) for _ in range(nb[b])]
+        feats = None
+        if glue_feats is not None:
+            feats = torch.zeros(B, width, self.feature_size, dtype=self.model.embed.dtype, device=dev)
+            for b, f in enumerate(forks_per_seq):
+                if f:
+                    feats[b, :len(f)] = glue_feats[b][torch.tensor([j for j, _ in f], device=dev)]
         for d in range(K):
             cols = cols0 + d
             mask = seen | (after_start & (col <= cols[:, :, None]))
             fb = ForwardBatch(ids, (prefix + d).to(dev), slots, kv_len, valid_d, cols.to(dev), mask.to(dev))
-            hidden = self.model(fb, self.cache)[valid_d]  # branches in (b, i) order
+            if feats is not None:
+                fb.features = feats
+                hidden, feats = self.model(fb, self.cache, features=True)
+                hidden = hidden[valid_d]
+            else:
+                hidden = self.model(fb, self.cache)[valid_d]  # branches in (b, i) order
             tokens, support = self._propose(self.model.logits(hidden), branch_seqs)
             r = 0
             for b in range(B):

@@ -8,6 +8,8 @@ round for every running sequence:
        chosen per sequence) -> the draft speculates on it for every likely outcome and publishes to the cache
        (in the services this runs while the target verifies) -> verify -> commit -> look the outcome up.
 
+A feature-reading draft gets the target's features with every commit (prefill's with `add`).
+
 Rounds: prefill is round 0 and its outcome (0, t0) is a forced miss; verification r >= 1 is round r and its
 outcome (j, t*) is looked up under (seq, r, j, t*) for the speculation of round r+1. Outputs are exactly the
 target's: greedy outputs equal the AR engine's token for token, sampled outputs follow its distribution.
@@ -106,7 +108,7 @@ class SpeculativeEngine(Engine):
             if s.finished:
                 self._finish(s)
                 continue
-            self.draft.commit(s.seq_id, new)
+            self.draft.commit(s.seq_id, new, self.target.last_features.get(s.seq_id))
             self._next_from_cache(s, st, out.accepted, out.token)
         return admitted + batch
 
@@ -117,13 +119,14 @@ class SpeculativeEngine(Engine):
             published = self.draft.speculate([(it.seq_id, it.tokens) for it in items])
             for s in batch:
                 self.cache.publish(s.seq_id, self._rounds[s.seq_id].round + 1, published[s.seq_id])
-        return self.target.verify(items)
+        return self.target.verify(items, features=self.draft.feature_size > 0)
 
     def _admit(self) -> list[Sequence]:
         new = [self.waiting.popleft() for _ in range(min(len(self.waiting), self.target.free_slots))]
         if not new:
             return []
-        firsts = self.target.prefill([(s.seq_id, s.prompt, s.params) for s in new])
+        firsts = self.target.prefill([(s.seq_id, s.prompt, s.params) for s in new],
+                                     features=self.draft.feature_size > 0)
         for s, t0 in zip(new, firsts):
             self.running.append(s)
             self._rounds[s.seq_id] = _Round()
@@ -133,7 +136,7 @@ class SpeculativeEngine(Engine):
                 self._finish(s)
                 continue
             dp = draft_params_for(s.params, self.spec.draft_top_k, self.spec.saguaro_c, self.spec.fanout[0])
-            self.draft.add(s.seq_id, s.prompt + s.output, dp)
+            self.draft.add(s.seq_id, s.prompt + s.output, dp, self.target.last_features.get(s.seq_id))
             self._next_from_cache(s, self._rounds[s.seq_id], 0, t0)
         return new
 

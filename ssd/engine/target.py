@@ -17,6 +17,7 @@ from torch.nn.utils.rnn import pad_sequence
 from ssd.models.blocks import PrefixStats
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
+from ssd.engine.features import FeatureBlock
 from ssd.sampling import SamplingParams, make_generator, probs_from_logits, sample
 from ssd.spec.verify import verify_greedy_batch, verify_sampling
 
@@ -69,6 +70,8 @@ class TargetWorker:
         self.recomputed_tokens = 0  # tokens run again after a preemption
         self.preemptions = 0
         self._forwards = 0
+        self.last_features: dict = {}   # seq_id -> FeatureBlock of the last prefill/verify (with features=True)
+        self._features: list[FeatureBlock] = []
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.seqs
@@ -85,10 +88,14 @@ class TargetWorker:
         return self.seqs[seq_id].tokens
 
     @torch.inference_mode()
-    def prefill(self, requests: list[tuple[int, list[int], SamplingParams]]) -> list[int]:
-        """Add sequences and return each one's first generated token."""
+    def prefill(self, requests: list[tuple[int, list[int], SamplingParams]], features: bool = False) -> list[int]:
+        """Add sequences and return each one's first generated token. With `features`, `last_features` holds
+        the features of the prompt positions this call computed (prefix-cache hits are not recomputed)."""
         new = self._add(requests, lambda n: 0 < n < self.max_len, "prompt length {n} must be in 1..{m}")
-        hidden = self._run([(s, []) for s in new], prefill=True)
+        hidden = self._run([(s, []) for s in new], prefill=True, features=features)
+        self.last_features = {}
+        if features:
+            self.last_features = {seq_id: blk for (seq_id, _, _), blk in zip(requests, self._features)}
         probs = probs_from_logits(self.model.logits(torch.cat(hidden)), [s.params for s in new])
         firsts = sample(probs, [s.generator for s in new]).tolist()
         for s, t in zip(new, firsts):
@@ -108,10 +115,13 @@ class TargetWorker:
             new.append(seq)
         return new
 
-    def _run(self, pairs: list[tuple[_TargetSeq, list[int]]], prefill: bool = False) -> list[torch.Tensor]:
+    def _run(self, pairs: list[tuple[_TargetSeq, list[int]]], prefill: bool = False,
+             features: bool = False) -> list[torch.Tensor]:
         """Forward each sequence's tokens without KV plus `extra` speculated tokens; returns, per pair, the
-        hidden states of its last committed token and the extra ones. Runs in chunks when KV is short."""
+        hidden states of its last committed token and the extra ones. Runs in chunks when KV is short. With
+        `features`, `_features` gets, per pair, the pre-norm hidden states of every position computed."""
         out: list[torch.Tensor] = []
+        self._features: list[FeatureBlock] = []
         i = 0
         while i < len(pairs):
             j = self._fit(pairs, i)
@@ -119,10 +129,14 @@ class TargetWorker:
             self._forwards += 1
             rows = [s.tokens[s.kv:] + extra for s, extra in chunk]
             fb = ForwardBatch.ragged(rows, [s.kv for s, _ in chunk], [s.slot for s, _ in chunk], self.device)
-            hidden = self.model(fb, self.cache)
+            hidden = self.model(fb, self.cache, features=features)
+            if features:
+                hidden, pre = hidden
             for r, (s, extra) in enumerate(chunk):
                 n, m = len(rows[r]), len(extra) + 1
                 out.append(hidden[r, n - m:n])
+                if features:
+                    self._features.append(FeatureBlock(s.kv, pre[r, :n].to(torch.float16)))
                 fresh = len(s.tokens) - s.kv
                 if prefill:
                     self.prefill_tokens += fresh
@@ -202,15 +216,22 @@ class TargetWorker:
         self._add(requests, lambda n: True, "")
 
     @torch.inference_mode()
-    def verify(self, items: list[VerifyItem]) -> list[Outcome]:
+    def verify(self, items: list[VerifyItem], features: bool = False) -> list[Outcome]:
+        """Verify each item's speculation. With `features`, `last_features` holds each sequence's features
+        from this call up to its last accepted token (from wherever its KV had to be recomputed)."""
         t0 = time.perf_counter()
         seqs = [self.seqs[it.seq_id] for it in items]
         for it, s in zip(items, seqs):
             if len(s.tokens) + len(it.tokens) > self.max_len:
                 raise ValueError(f"sequence {it.seq_id}: speculation runs past the maximum length {self.max_len}")
-        hidden = self._run([(s, list(it.tokens)) for it, s in zip(items, seqs)])
+        hidden = self._run([(s, list(it.tokens)) for it, s in zip(items, seqs)], features=features)
         logits = self.model.logits(pad_sequence(hidden, batch_first=True))  # [B, Kmax+1, V]
         outcomes = self._outcomes(items, seqs, logits)
+        self.last_features = {}
+        if features:
+            for out, s, blk in zip(outcomes, seqs, self._features):
+                keep = len(s.tokens) + out.accepted - blk.start   # through the last accepted token
+                self.last_features[out.seq_id] = FeatureBlock(blk.start, blk.rows[:keep])
         for out, it, s in zip(outcomes, items, seqs):
             s.tokens.extend(it.tokens[:out.accepted])
             s.tokens.append(out.token)

@@ -31,6 +31,8 @@ class ForwardBatch:
     cols: torch.Tensor | None = None   # [B, T] long, KV column written per token (default: positions)
     attn_mask: torch.Tensor | None = None  # [B, T, kv_len] bool, True = attend
     causal: bool = False                   # the mask is plain causal by position (rows end at their last token)
+    features: torch.Tensor | None = None   # [B, T, F]: for a feature-reading draft, the feature of each token's
+                                           # predecessor (ssd.models.eagle)
 
     @classmethod
     def ragged(cls, tokens: list[list[int]], starts: list[int], slots: list[int], device=None) -> "ForwardBatch":
@@ -163,10 +165,14 @@ class Decoder(nn.Module):
         return KVCache(self.cfg, num_slots, max_len, scratch, self.embed.dtype, self.embed.device, num_blocks,
                        block_size, reserved_blocks, self.layers[0].attn.hkv)
 
-    def forward(self, batch: ForwardBatch, cache: KVCache, index: PagedIndex | None = None) -> torch.Tensor:
-        """Final-normed hidden states [B, T, hidden] for every token of the batch. `index` (where to write
-        and read) is computed from the batch unless given (a CUDA graph replays one it keeps)."""
-        x = F.embedding(batch.input_ids, self.embed)
+    reads_features = False   # a feature-reading draft needs `batch.features`
+
+    def forward(self, batch: ForwardBatch, cache: KVCache, index: PagedIndex | None = None,
+                features: bool = False):
+        """Final-normed hidden states [B, T, hidden] for every token of the batch; with `features`, also the
+        pre-norm hidden states (what a feature-reading draft reads). `index` (where to write and read) is
+        computed from the batch unless given (a CUDA graph replays one it keeps)."""
+        x = self.embed_inputs(batch)
         cos, sin = self.rope(cache.num_columns).lookup(batch.positions)
         if index is None:
             cols = batch.positions if batch.cols is None else batch.cols
@@ -175,7 +181,10 @@ class Decoder(nn.Module):
             index = cache.index(batch.slots, cols, batch.valid, batch.kv_len, last + 1)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, batch, cache, index, i)
-        return self.norm(x)
+        return (self.norm(x), x) if features else self.norm(x)
+
+    def embed_inputs(self, batch: ForwardBatch) -> torch.Tensor:
+        return F.embedding(batch.input_ids, self.embed)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.tp is not None:

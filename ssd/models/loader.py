@@ -28,7 +28,11 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     D, hd = cfg.hidden_size, cfg.head_dim
     q, kv, inter = cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.intermediate_size
     shapes = {"model.embed_tokens.weight": (cfg.vocab_size, D), "model.norm.weight": (D,)}
-    if not cfg.tie_word_embeddings:
+    if cfg.feature_draft:
+        Vd, Fs = cfg.feature_draft["draft_vocab_size"], cfg.feature_draft["feature_size"]
+        shapes |= {"lm_head.weight": (Vd, D), "fc.weight": (D, Fs + D), "fc.bias": (D,), "vocab_ids": (Vd,),
+                   "fc.feature_norm.weight": (Fs,), "fc.embed_norm.weight": (D,)}
+    elif not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, D)
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
@@ -75,7 +79,8 @@ def read_state_dict(folder: Path, cfg: ModelConfig, progress: bool | None = None
         try:
             with safe_open(str(f), framework="pt") as sf:
                 for name in sf.keys():
-                    if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_word_embeddings):
+                    if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and cfg.tie_word_embeddings
+                                                           and not cfg.feature_draft):
                         continue
                     if name not in expected:
                         raise WeightLoadError(f"{f}: unexpected tensor {name!r} for a {cfg.arch} model")
@@ -100,7 +105,13 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     folder = Path(folder)
     cfg = ModelConfig.from_folder(folder)
     sd = read_state_dict(folder, cfg, progress)
-    model = Decoder(cfg, tp)
+    if cfg.feature_draft:
+        if tp is not None:
+            raise ValueError(f"{folder}: a feature-reading draft runs without tensor parallelism")
+        from ssd.models.eagle import FeatureDraft
+        model = FeatureDraft(cfg)
+    else:
+        model = Decoder(cfg, tp)
     cat = torch.cat
 
     def heads(t, dim=0):
@@ -122,6 +133,15 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
                                             else "lm_head.weight"]))
     elif model.lm_head is not None:
         put(model.lm_head, sd["lm_head.weight"])
+    if cfg.feature_draft:
+        put(model.fc_weight, sd["fc.weight"])
+        put(model.fc_bias, sd["fc.bias"])
+        put(model.feature_norm.weight, sd["fc.feature_norm.weight"])
+        put(model.embed_norm.weight, sd["fc.embed_norm.weight"])
+        ids = sd["vocab_ids"].to(torch.long)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
+            raise WeightLoadError(f"{folder}: vocab_ids must lie in [0, {cfg.vocab_size})")
+        model.vocab_ids = ids.to(device)
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         a, m = p + "self_attn.", p + "mlp."
@@ -143,3 +163,19 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     model.eval().requires_grad_(False)
     return model
 
+
+def hf_layer_tensors(layer, i: int) -> dict[str, torch.Tensor]:
+    """Hugging Face names -> tensors of decoder layer `i` (the inverse of `load_model`'s layer mapping)."""
+    a, p = layer.attn, f"model.layers.{i}."
+    q, k, v = a.qkv_weight.split((a.q_size, a.kv_size, a.kv_size))
+    gate, up = layer.mlp.gate_up_weight.split(layer.mlp.inter)
+    out = {p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k, p + "self_attn.v_proj.weight": v,
+           p + "self_attn.o_proj.weight": a.o_weight, p + "mlp.gate_proj.weight": gate,
+           p + "mlp.up_proj.weight": up, p + "mlp.down_proj.weight": layer.mlp.down_weight,
+           p + "input_layernorm.weight": layer.input_norm.weight,
+           p + "post_attention_layernorm.weight": layer.post_attn_norm.weight}
+    if a.q_norm is not None:
+        out |= {p + "self_attn.q_norm.weight": a.q_norm.weight, p + "self_attn.k_norm.weight": a.k_norm.weight}
+    if a.qkv_bias is not None or layer.mlp.gate_up_bias is not None:
+        raise ValueError("biased layers are not written by this trainer")
+    return out

@@ -18,7 +18,8 @@ from services.router.peers import Peer
 FUZZ = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 READY = wire.Ready("target", "m", "h", 100, 64, 3, [])
 VALID = [wire.Ping(1), wire.Free([1, 2]), wire.Verify(3, [wire.VerifyItem(1, [4, 5], [([4], [1.0])])]),
-         wire.Prefilled([(1, 7)], 0.5), wire.Error("x", "y", None)]
+         wire.Prefilled([(1, 7)], 0.5), wire.Error("x", "y", None),
+         wire.Outcomes(3, [wire.Outcome(1, 1, 4)], 0.1, [(1, 5, b"\x00\x3c" * 8)])]
 _objects = st.recursive(st.none() | st.integers() | st.text(max_size=4) | st.binary(max_size=8) | st.floats(),
                         lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner), max_leaves=8)
 
@@ -55,12 +56,12 @@ def test_decode_of_random_payloads_for_every_type_raises_only_wire_error(byte, p
 
 @pytest.mark.parametrize("name, body", [
     ("deep nesting", b"\x91" * 100_000 + b"\x01"),
-    ("a million empty arrays", msgpack.packb([1, [[]] * 1_000_000])),
+    ("a million empty arrays", msgpack.packb([wire.PROTOCOL_VERSION, [[]] * 1_000_000])),
     ("claims 4 billion bytes", b"\x92\x01\xc6\xff\xff\xff\xff"),
     ("claims 4 billion characters", b"\x92\x01\xdb\xff\xff\xff\xff"),
-    ("a map", msgpack.packb([1, {"a": 1}])),
+    ("a map", msgpack.packb([wire.PROTOCOL_VERSION, {"a": 1}])),
     ("an ext type", b"\x92\x01\xd4\x05\x00"),
-    ("2**64 - 1 sequence ids", msgpack.packb([1, [2**64 - 1] * 1000])),
+    ("2**64 - 1 sequence ids", msgpack.packb([wire.PROTOCOL_VERSION, [2**64 - 1] * 1000])),
     ("max_frame_bytes + 1", b"\x00" * (wire.MAX_FRAME_BYTES + 1)),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_payload_bombs_are_refused_quickly(name, body):

@@ -73,7 +73,7 @@ def test_malformed_frames_are_rejected_logged_and_service_keeps_serving(stack, c
     sock.connect(stack.target_data[0])
     valid = wire.encode(wire.Free([12345]))
     frames = dict(BAD_FRAMES)
-    frames["wrong version"] = [valid[0], valid[1].replace(b"\x01", b"\x09", 1)]
+    frames["wrong version"] = [valid[0], valid[1].replace(bytes([wire.PROTOCOL_VERSION]), b"\x09", 1)]
     big = ctx.socket(zmq.DEALER)
     big.connect(stack.target_data[0])
     try:

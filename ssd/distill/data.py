@@ -1,0 +1,135 @@
+"""Teacher data: the target answers synthesised prompts, and its final pre-norm hidden state is kept for every
+token (prompt and answer), the features a feature-reading draft learns from.
+
+Output is a folder of shards `shard-NNNNN.safetensors`, each holding `tokens` (int32, all sequences
+concatenated), `offsets` (int64, sequence starts, with the end last), `prompt_lens` (int32), `kinds` (uint8,
+index into KINDS) and `features` (fp16, one row per token but each sequence's last). A shard is written
+atomically once its prompts are answered, so an interrupted run resumes at the first missing shard and the
+result does not depend on where it stopped (prompts and sampling seeds are fixed by the seed and the index).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ssd.engine.ar import AREngine
+from ssd.params import SamplingParams
+from ssd.prompts import KINDS
+from ssd.tokenizer import Tokenizer
+from ssd.distill.prompts import training_prompts
+
+
+@dataclass
+class DataConfig:
+    prompts: int = 4000
+    shard_size: int = 64
+    max_new_tokens: int = 256
+    batch: int = 32
+    sampled_every: int = 4      # every n-th prompt is answered at temperature `temperature`, the rest greedily
+    temperature: float = 0.8
+    seed: int = 0
+
+
+class _FeatureTap:
+    """Keeps the input of the model's final norm (the pre-norm hidden states) of the last forward."""
+
+    def __init__(self, model):
+        self.last: torch.Tensor | None = None
+        self.handle = model.norm.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module, args):
+        self.last = args[0].detach()
+
+    def close(self):
+        self.handle.remove()
+
+
+def chat_ids(tok: Tokenizer, text: str) -> list[int]:
+    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
+
+
+def generate_shard(model, tok: Tokenizer, items: list[tuple[int, str, str]], cfg: DataConfig) -> dict:
+    """Answer `items` (index, kind, prompt) with continuous batching; returns the shard's tensors."""
+    engine = AREngine(model, max_batch=cfg.batch, max_len=1024, prefix_caching=False)
+    tap = _FeatureTap(model)
+    feats: dict[int, list[torch.Tensor]] = {}
+    meta = {}
+    try:
+        for index, kind, text in items:
+            sampled = cfg.sampled_every and index % cfg.sampled_every == cfg.sampled_every - 1
+            params = SamplingParams(temperature=cfg.temperature if sampled else 0.0, max_tokens=cfg.max_new_tokens,
+                                    seed=cfg.seed * 1_000_003 + index)
+            seq = engine.add_request(chat_ids(tok, text), params)
+            meta[seq.seq_id] = (seq, kind)
+            feats[seq.seq_id] = []
+        while engine.has_unfinished():
+            stepped = engine.step()
+            x = tap.last
+            if x is None or not stepped:
+                continue
+            for row, seq in enumerate(stepped):
+                got = feats[seq.seq_id]
+                if not got:   # a prefill: every prompt token
+                    got.append(x[row, :len(seq.prompt)].to(torch.float16).clone())
+                else:         # a decode step: the token before the one just appended
+                    got.append(x[row, -1:].to(torch.float16).clone())
+    finally:
+        tap.close()
+    tokens, offsets, plens, kinds, rows = [], [0], [], [], []
+    for sid, (seq, kind) in meta.items():
+        ids = seq.prompt + seq.output
+        f = torch.cat(feats[sid])
+        if f.shape[0] != len(ids) - 1:
+            raise RuntimeError(f"sequence {sid}: {f.shape[0]} feature rows for {len(ids)} tokens "
+                               "(a preemption recomputed it; give the generator more KV)")
+        tokens.extend(ids)
+        offsets.append(len(tokens))
+        plens.append(len(seq.prompt))
+        kinds.append(KINDS.index(kind))
+        rows.append(f)
+    return {"tokens": torch.tensor(tokens, dtype=torch.int32), "offsets": torch.tensor(offsets, dtype=torch.int64),
+            "prompt_lens": torch.tensor(plens, dtype=torch.int32), "kinds": torch.tensor(kinds, dtype=torch.uint8),
+            "features": torch.cat(rows)}
+
+
+def shard_path(out: Path, i: int) -> Path:
+    return out / f"shard-{i:05d}.safetensors"
+
+
+def generate(target_dir: str | Path, out: str | Path, cfg: DataConfig, log=print) -> Path:
+    from ssd.models.loader import load_model
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    model = load_model(target_dir, dtype=torch.float32)
+    tok = Tokenizer.from_folder(target_dir)
+    items = [(i, kind, text) for i, (kind, text) in enumerate(training_prompts(cfg.prompts, cfg.seed))]
+    n_shards = (len(items) + cfg.shard_size - 1) // cfg.shard_size
+    done = sum(shard_path(out, i).exists() for i in range(n_shards))
+    log(f"teacher data: {n_shards} shards of {cfg.shard_size} prompts, {done} already present in {out}")
+    t0, made = time.time(), 0
+    for i in range(n_shards):
+        path = shard_path(out, i)
+        if path.exists():
+            continue
+        t = time.time()
+        shard = generate_shard(model, tok, items[i * cfg.shard_size:(i + 1) * cfg.shard_size], cfg)
+        tmp = path.with_suffix(".tmp")
+        save_file(shard, str(tmp), metadata={"seed": str(cfg.seed), "prompts": str(cfg.prompts)})
+        os.replace(tmp, path)
+        made += int(shard["tokens"].numel())
+        n = int(shard["tokens"].numel())
+        log(f"shard {i + 1}/{n_shards}: {n} tokens in {time.time() - t:.0f} s "
+            f"({n / (time.time() - t):.0f} tok/s incl. prompts; total {made} new tokens, {time.time() - t0:.0f} s)")
+    return out
+
+
+def load_shards(folder: str | Path, limit: int | None = None) -> list[dict]:
+    paths = sorted(Path(folder).glob("shard-*.safetensors"))
+    return [load_file(str(p)) for p in paths[:limit]]

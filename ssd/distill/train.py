@@ -1,0 +1,405 @@
+"""Training the feature-reading draft on teacher data (`ssd.distill.data`).
+
+Loss: cross-entropy of the draft's distribution against the target's at the same position, both over the
+draft vocabulary (the target's is its own output layer applied to its stored feature there). Training
+unrolls the draft on its own outputs ("training-time test"): at depth k the query at position p reads, for
+its own input, the draft's depth-(k-1) output at p-1 instead of the target's feature, and attends to the
+target-fed keys up to position p-k+1 plus one key of each depth 2..k-1 at p-k+2..p-1. This is exactly what
+the draft sees when it drafts k tokens after the last verified one, so the same forward also measures
+chained acceptance without a generation loop (`unrolled_logits`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from ssd.distill.data import load_shards
+from ssd.models.decoder import Decoder
+from ssd.models.eagle import FeatureDraft, feature_draft_config, trained_tensors
+from ssd.models.rope import apply_rotary
+
+
+@dataclass
+class TrainConfig:
+    draft_vocab: int = 8192
+    layers: int = 1
+    depth: int = 3                 # unroll depth of the training-time test
+    depth_decay: float = 0.8       # loss weight of depth k: decay^(k-1)
+    seq_len: int = 384             # sequences are cut to this many tokens
+    batch: int = 8
+    lr: float = 6e-4
+    warmup: int = 100
+    minutes: float = 45.0          # wall-clock budget (the schedule is laid out over `steps`)
+    steps: int = 4000
+    seed: int = 0
+    bf16: bool = True
+    held_out_shards: int = 1       # the first shard(s) of the data are kept for validation
+    reload_every: int = 100        # steps between looks for new shards (data generation may still run)
+    checkpoint_every: int = 200
+    extra: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+@dataclass
+class Corpus:
+    seqs: list[tuple[torch.Tensor, torch.Tensor, int, int]]  # (tokens[L] long, features[L-1, H] fp16, prompt_len, kind)
+
+    @classmethod
+    def from_shards(cls, shards: list[dict]) -> "Corpus":
+        seqs = []
+        for sh in shards:
+            off, feats, toks = sh["offsets"], sh["features"], sh["tokens"].long()
+            row = 0
+            for i in range(len(off) - 1):
+                a, b = int(off[i]), int(off[i + 1])
+                n = b - a
+                seqs.append((toks[a:b], feats[row:row + n - 1], int(sh["prompt_lens"][i]), int(sh["kinds"][i])))
+                row += n - 1
+        return cls(seqs)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(t) for t, *_ in self.seqs)
+
+
+def build_vocab(corpus: Corpus, size: int, always: tuple[int, ...] = ()) -> tuple[torch.Tensor, float]:
+    """The `size` most frequent tokens the target generated (answers only), plus `always` (EOS); returns the
+    sorted ids and the share of answer tokens they cover."""
+    counts = torch.zeros(max(int(t.max()) for t, *_ in corpus.seqs) + 1, dtype=torch.long)
+    for toks, _, plen, _ in corpus.seqs:
+        counts += torch.bincount(toks[plen:], minlength=counts.numel())[:counts.numel()]
+    order = torch.argsort(counts, descending=True, stable=True).tolist()
+    chosen = list(dict.fromkeys([*always, *order]))[:size]
+    ids = torch.tensor(sorted(chosen), dtype=torch.long)
+    cover = float(counts[ids[ids < counts.numel()]].sum()) / max(1, int(counts.sum()))
+    return ids, cover
+
+
+def make_batch(seqs, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tokens [B, T], features [B, T, H] (row p = the target's feature at p), valid [B, T] (a feature
+    exists at p), answer [B, T] (p is at or after the last prompt token)."""
+    T = min(seq_len, max(len(t) - 1 for t, *_ in seqs))
+    H = seqs[0][1].shape[1]
+    toks = torch.zeros(len(seqs), T, dtype=torch.long)
+    feats = torch.zeros(len(seqs), T, H, dtype=torch.float32)
+    valid = torch.zeros(len(seqs), T, dtype=torch.bool)
+    answer = torch.zeros(len(seqs), T, dtype=torch.bool)
+    for b, (t, f, plen, _) in enumerate(seqs):
+        n = min(T, len(t) - 1)
+        toks[b, :n] = t[:n]
+        feats[b, :n] = f[:n].float()
+        valid[b, :n] = True
+        answer[b, max(0, plen - 1):n] = True
+    return toks, feats, valid, answer
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+def init_from_target(target: Decoder, vocab_ids: torch.Tensor, layers: int = 1, seed: int = 0,
+                     feature_rms: float = 30.0) -> FeatureDraft:
+    """A feature draft whose layer(s) copy the target's last layer(s), with the target's embedding, final norm
+    and the output rows of `vocab_ids`. `fc` starts as [identity ; identity] (plus a little noise) and both
+    input norms' weights at `feature_rms`: the first layer initially sees the previous token's feature plus
+    the token's embedding at the scale of the target's residual stream, and Adam's steps on `fc` are small
+    relative to its entries."""
+    from ssd.config import ModelConfig
+
+    cfg = ModelConfig.from_dict(feature_draft_config(target.cfg, len(vocab_ids), layers))
+    cfg.name = target.cfg.name + "-eagle"
+    g = torch.Generator().manual_seed(seed)
+    draft = FeatureDraft(cfg)
+    H = target.cfg.hidden_size
+    with torch.no_grad():
+        draft.embed.data = target.embed.data.clone()
+        draft.norm.weight.data = target.norm.weight.data.clone()
+        head = target.embed if target.lm_head is None else target.lm_head
+        draft.lm_head.data = head.data[vocab_ids].clone()
+        draft.vocab_ids = vocab_ids.clone()
+        for i in range(layers):
+            src = target.layers[target.cfg.num_layers - layers + i]
+            draft.layers[i].load_state_dict(src.state_dict())
+        eye = torch.eye(H)
+        draft.fc_weight.data = torch.cat((eye, eye), dim=1) + torch.randn(H, 2 * H, generator=g) * (0.1 / math.sqrt(H))
+        draft.fc_bias.data = torch.zeros(H)
+        draft.feature_norm.weight.data = torch.full((H,), feature_rms)
+        draft.embed_norm.weight.data = torch.full((H,), feature_rms)
+    return draft
+
+
+def _layer(layer, x, cos, sin, attend):
+    """One decoder layer with a custom attention `attend(q, k, v) -> [B, T, h, d]`; returns (out, k, v)."""
+    a = layer.attn
+    B, T, _ = x.shape
+    h = layer.input_norm(x)
+    q, k, v = F.linear(h, a.qkv_weight, a.qkv_bias).split((a.q_size, a.kv_size, a.kv_size), dim=-1)
+    q, k, v = q.view(B, T, a.h, a.d), k.view(B, T, a.hkv, a.d), v.view(B, T, a.hkv, a.d)
+    if a.q_norm is not None:
+        q, k = a.q_norm(q), a.k_norm(k)
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    out = attend(q, k, v)
+    out = F.linear(out.reshape(B, T, a.q_size), a.o_weight)
+    x = x + (out if a.o_bias is None else out + a.o_bias)
+    return x + layer.mlp(layer.post_attn_norm(x)), k, v
+
+
+def _shift(t: torch.Tensor, n: int) -> torch.Tensor:
+    """t[:, p] -> t[:, p - n] along dim 1 (zeros where p < n)."""
+    if n == 0:
+        return t
+    return torch.cat((torch.zeros_like(t[:, :n]), t[:, :-n]), dim=1)
+
+
+def unrolled_logits(draft: FeatureDraft, toks: torch.Tensor, feats: torch.Tensor, depth: int) -> list[torch.Tensor]:
+    """Draft-vocabulary logits [B, T, Vd] for depths 1..depth. Depth k at position p is the draft's k-th
+    drafted token when the last verified token sits at p-k+1 (its label is the token after p)."""
+    if len(draft.layers) != 1:
+        raise ValueError("the unrolled forward is written for one-layer drafts")
+    layer = draft.layers[0]
+    B, T = toks.shape
+    pos = torch.arange(T)
+    cos, sin = draft.rope(T).lookup(pos[None].expand(B, T))
+    scale = 1.0 / math.sqrt(layer.attn.d)
+    rep = layer.attn.h // layer.attn.hkv
+    keys: list[tuple[torch.Tensor, torch.Tensor]] = []   # per depth: k, v [B, T, hkv, d]
+    prev = _shift(feats, 1)                               # depth 1 reads the target's feature at p-1
+    outs = []
+    for k in range(1, depth + 1):
+        x = draft.input_states(prev, toks)
+
+        def attend(q, kk, vv, k=k):
+            if k == 1:
+                return F.scaled_dot_product_attention(
+                    q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), is_causal=True,
+                    enable_gqa=True).transpose(1, 2)
+            qh = q.transpose(1, 2)                                            # [B, h, T, d]
+            k1 = keys[0][0].repeat_interleave(rep, 2).transpose(1, 2)         # [B, h, T, d]
+            v1 = keys[0][1].repeat_interleave(rep, 2).transpose(1, 2)
+            s1 = (qh @ k1.transpose(-1, -2)) * scale                          # [B, h, T, T]
+            allowed = pos[None, :] <= pos[:, None] - (k - 1)                  # col <= p - k + 1
+            s1 = s1.masked_fill(~allowed, float("-inf"))
+            diag_k, diag_v = [], []
+            for j in range(2, k + 1):                                         # depth j's key at p-(k-j)
+                kj, vj = (kk, vv) if j == k else keys[j - 1]
+                diag_k.append(_shift(kj, k - j).repeat_interleave(rep, 2).transpose(1, 2))
+                diag_v.append(_shift(vj, k - j).repeat_interleave(rep, 2).transpose(1, 2))
+            sd = torch.stack([(qh * dk).sum(-1) for dk in diag_k], -1) * scale  # [B, h, T, k-1]
+            p = torch.softmax(torch.cat((s1, sd), -1).float(), -1).to(qh.dtype)
+            out = p[..., :T] @ v1 + sum(p[..., T + i, None] * dv for i, dv in enumerate(diag_v))
+            return out.transpose(1, 2)
+
+        out, kk, vv = _layer(layer, x, cos, sin, attend)
+        keys.append((kk, vv))
+        outs.append(draft.draft_logits(draft.norm(out)))
+        prev = _shift(out, 1)
+    return outs
+
+
+def target_logprobs(draft: FeatureDraft, feats: torch.Tensor) -> torch.Tensor:
+    """The target's log-distribution over the draft vocabulary at each position, from its stored features."""
+    with torch.no_grad():
+        return torch.log_softmax(draft.draft_logits(draft.norm(feats)), -1)
+
+
+def loss_fn(draft, toks, feats, valid, cfg: TrainConfig) -> tuple[torch.Tensor, list[float]]:
+    logits = unrolled_logits(draft, toks, feats, cfg.depth)
+    tgt = target_logprobs(draft, feats).float()
+    tprob = tgt.exp()
+    total, accs = 0.0, []
+    T = toks.shape[1]
+    pos = torch.arange(T)
+    for k, lg in enumerate(logits, start=1):
+        m = valid & (pos >= k - 1)[None, :]
+        lp = torch.log_softmax(lg.float(), -1)
+        ce = -(tprob * lp).sum(-1)
+        total = total + cfg.depth_decay ** (k - 1) * (ce * m).sum() / m.sum().clamp(min=1)
+        with torch.no_grad():
+            accs.append(float(((lg.argmax(-1) == tgt.argmax(-1)) & m).sum() / m.sum().clamp(min=1)))
+    return total, accs
+
+
+# ---------------------------------------------------------------------------------------------- loop
+
+def _lr(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def trainable(draft: FeatureDraft) -> list[torch.nn.Parameter]:
+    return [draft.fc_weight, draft.fc_bias, draft.feature_norm.weight, draft.embed_norm.weight,
+            *draft.layers.parameters()]
+
+
+def save_draft(draft: FeatureDraft, folder: Path, dtype=torch.bfloat16) -> None:
+    """The trained part (`trained_tensors`) as `draft.safetensors` plus `draft_config.json`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    small = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in trained_tensors(draft).items()}
+    _atomic_save(small, folder / "draft.safetensors")
+    (folder / "draft_config.json").write_text(json.dumps(feature_draft_config(draft.cfg, len(draft.vocab_ids),
+                                                                              len(draft.layers)), indent=1))
+
+
+def _atomic_save(tensors: dict, path: Path, metadata: dict | None = None) -> None:
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+
+
+def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConfig, log=print,
+          progress: bool = True) -> dict:
+    """Fit a feature draft; resumable from `out/state.safetensors` (weights, optimiser moments, step, RNG
+    position). Returns the training history."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    def load() -> tuple[Corpus, int]:
+        shards = load_shards(data_dir)
+        if len(shards) <= cfg.held_out_shards:
+            raise ValueError(f"{data_dir}: {len(shards)} shards; need more than the {cfg.held_out_shards} held out")
+        return Corpus.from_shards(shards[cfg.held_out_shards:]), len(shards)
+
+    corpus, n_shards = load()
+    held = Corpus.from_shards(load_shards(data_dir, cfg.held_out_shards)) if cfg.held_out_shards else None
+    state_path, hist_path = out / "state.safetensors", out / "history.json"
+    if state_path.exists():
+        st = load_file(str(state_path))
+        vocab_ids, cover, feature_rms = st["vocab_ids"], float(st["cover"]), float(st["feature_rms"])
+    else:
+        vocab_ids, cover = build_vocab(corpus, cfg.draft_vocab, target.cfg.eos_token_ids)
+        sample = torch.cat([f[:64] for _, f, _, _ in corpus.seqs[:64]]).float()
+        feature_rms = float(sample.pow(2).mean(-1).sqrt().median())
+    draft = init_from_target(target, vocab_ids, cfg.layers, cfg.seed, feature_rms)
+    draft.requires_grad_(False)
+    params = trainable(draft)
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    step, history = 0, {"config": asdict(cfg), "vocab_cover": cover, "train_tokens": corpus.tokens, "log": []}
+    if state_path.exists():
+        names = dict(draft.named_parameters())
+        for n, p in names.items():
+            if "w." + n in st:
+                p.data.copy_(st["w." + n])
+        opt.load_state_dict(_opt_state_from(st, opt))
+        step = int(st["step"])
+        history = json.loads(hist_path.read_text())
+        log(f"resumed at step {step}")
+    log(f"{len(corpus.seqs)} training sequences ({corpus.tokens} tokens), draft vocab {len(vocab_ids)} covers "
+        f"{cover:.1%} of answer tokens; {sum(p.numel() for p in params) / 1e6:.2f} M trainable parameters")
+    rng = random.Random(cfg.seed * 7919 + step)
+    order = sorted(range(len(corpus.seqs)), key=lambda i: len(corpus.seqs[i][0]))
+    t0 = time.time() - history.get("seconds", 0.0)
+    bar = tqdm(total=cfg.steps, initial=step, disable=not progress, desc="distill", unit="step")
+    while step < cfg.steps and (time.time() - t0) < cfg.minutes * 60:
+        if cfg.reload_every and step % cfg.reload_every == 0 and step:
+            if len(list(Path(data_dir).glob("shard-*.safetensors"))) > n_shards:
+                corpus, n_shards = load()
+                order = sorted(range(len(corpus.seqs)), key=lambda i: len(corpus.seqs[i][0]))
+                history["train_tokens"] = corpus.tokens
+                log(f"step {step}: {n_shards} shards, {corpus.tokens} training tokens")
+        # batches of similar length (less padding): a random start in the length-sorted order
+        i = rng.randrange(0, max(1, len(order) - cfg.batch))
+        seqs = [corpus.seqs[j] for j in order[i:i + cfg.batch]]
+        toks, feats, valid, _ = make_batch(seqs, cfg.seq_len)
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, cfg)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss, accs = loss_fn(draft, toks, feats, valid, cfg)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        bar.update(1)
+        loss = loss.detach()
+        bar.set_postfix(loss=f"{float(loss):.3f}", acc=" ".join(f"{a:.2f}" for a in accs))
+        if step % 20 == 0:
+            history["log"].append({"step": step, "minutes": (time.time() - t0) / 60, "loss": float(loss),
+                                   "train_acc": accs})
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            if held is not None:
+                history["log"].append({"step": step, "minutes": (time.time() - t0) / 60,
+                                       "held_out": held_out_accuracy(draft, held, cfg)})
+                log(f"step {step}: held-out chained accuracy {history['log'][-1]['held_out']}")
+            history["seconds"] = time.time() - t0
+            _checkpoint(draft, opt, step, vocab_ids, cover, feature_rms, history, out)
+    bar.close()
+    history["seconds"] = time.time() - t0
+    _checkpoint(draft, opt, step, vocab_ids, cover, feature_rms, history, out)
+    return history
+
+
+def held_out_accuracy(draft: FeatureDraft, held: Corpus, cfg: TrainConfig, depth: int = 4) -> list[float]:
+    """Per-depth conditional greedy acceptance on answer positions of held-out teacher data."""
+    from ssd.distill.evaluate import chain_acceptance
+
+    return chain_acceptance(draft, held.seqs[:48], depth)["conditional"]
+
+
+def _checkpoint(draft, opt, step, vocab_ids, cover, feature_rms, history, out: Path) -> None:
+    st = {"w." + n: p.detach().clone() for n, p in draft.named_parameters() if p.requires_grad}
+    st |= {"step": torch.tensor(step), "vocab_ids": vocab_ids, "cover": torch.tensor(cover),
+           "feature_rms": torch.tensor(feature_rms)}
+    osd = opt.state_dict()
+    for pid, s in osd["state"].items():
+        for key, v in s.items():
+            st[f"opt.{pid}.{key}"] = v if torch.is_tensor(v) else torch.tensor(v)
+    _atomic_save(st, out / "state.safetensors")
+    (out / "history.json").write_text(json.dumps(history, indent=1))
+    save_draft(draft, out)
+
+
+def _opt_state_from(st: dict, opt) -> dict:
+    sd = opt.state_dict()
+    state = {}
+    for pid in range(len(sd["param_groups"][0]["params"])):
+        keys = {k.split(".", 2)[2]: v for k, v in st.items() if k.startswith(f"opt.{pid}.")}
+        if keys:
+            state[pid] = keys
+    return {"state": state, "param_groups": sd["param_groups"]}
+
+
+def load_trained(target: Decoder, run: str | Path) -> FeatureDraft:
+    """The draft of a training run (`run/draft.safetensors`) on `target`'s embedding, norm and head."""
+    from ssd.config import ModelConfig
+
+    st = load_file(str(Path(run) / "draft.safetensors"))
+    ids = st["vocab_ids"].long()
+    cfg = ModelConfig.from_dict(json.loads((Path(run) / "draft_config.json").read_text()))
+    draft = init_from_target(target, ids, cfg.num_layers)
+    names = {"fc.weight": draft.fc_weight, "fc.bias": draft.fc_bias,
+             "fc.feature_norm.weight": draft.feature_norm.weight, "fc.embed_norm.weight": draft.embed_norm.weight}
+    from ssd.models.loader import hf_layer_tensors
+
+    for i, layer in enumerate(draft.layers):
+        names |= hf_layer_tensors(layer, i)
+    with torch.no_grad():
+        for name, param in names.items():
+            param.copy_(st[name].float().view_as(param))
+    return draft.eval().requires_grad_(False)
+
+
+def export(run: str | Path, dest: str | Path, metadata: dict) -> Path:
+    """Copy a run's trained tensors to `dest` (the packaged weights), with provenance in the file's metadata
+    and in a `.json` beside it."""
+    run, dest = Path(run), Path(dest)
+    history = json.loads((run / "history.json").read_text())
+    meta = {k: str(v) for k, v in metadata.items()} | {
+        "train_minutes": f"{history.get('seconds', 0) / 60:.1f}", "train_tokens": str(history.get("train_tokens")),
+        "train_config": json.dumps(history.get("config"))}
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_save(load_file(str(run / "draft.safetensors")), dest, meta)
+    dest.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    return dest
