@@ -274,18 +274,21 @@ def _recv(conn):
 
 
 class RemoteDraft:
-    """The parts of DraftWorker the engine calls, forwarded to the draft process (greedy requests only)."""
+    """The parts of DraftWorker the engine calls, forwarded to the draft process (greedy requests only; an
+    ordinary draft, so no target features)."""
+
+    feature_size = 0
 
     def __init__(self, conn):
         self.conn, self.delta, self.last_jit_step_s, self.last_speculate_s, self.batches = conn, {}, 0.0, 0.0, 0
 
-    def add(self, seq_id, tokens, params) -> None:
+    def add(self, seq_id, tokens, params, features=None) -> None:
         from ssd import wire
         spec = wire.DraftParamsSpec(params.temperature, params.top_k, params.saguaro_c, params.saguaro_f, params.seed)
         _send(self.conn, wire.DraftAdd([wire.DraftAddItem(seq_id, list(tokens), spec)]))
         self.delta[seq_id] = []
 
-    def commit(self, seq_id, new_tokens) -> None:
+    def commit(self, seq_id, new_tokens, features=None) -> None:
         self.delta[seq_id].extend(new_tokens)
 
     def free(self, seq_id) -> None:

@@ -19,6 +19,7 @@ from ssd.paths import (
     DEFAULT_TARGET,
     default_models_dir,
     draft_dir,
+    layer_draft_dir,
     target_dir,
 )
 
@@ -49,6 +50,7 @@ def test_paths(monkeypatch, tmp_path):
 def test_folders_complete(prepared):
     assert prepared["target"] == target_dir(default_models_dir())
     assert prepared["draft"] == draft_dir(default_models_dir())
+    assert prepared["layer_draft"] == layer_draft_dir(default_models_dir())
     for folder in prepared.values():
         for name in (*MODEL_FILES, MARKER):
             assert (folder / name).is_file(), f"{folder / name} missing"
@@ -115,25 +117,62 @@ def test_missing_marker_is_rebuilt(prepared, tmp_path):
     (models / DEFAULT_TARGET).symlink_to(prepared["target"], target_is_directory=True)
     lines: list[str] = []
     out = prepare_default_models(models, log=lines.append)
-    draft = out["draft"]
-    assert (draft / MARKER).is_file()
     assert not any("building target" in line for line in lines)
-
-    (draft / MARKER).unlink()
-    (draft / "stale.bin").write_bytes(b"half-written")
-    lines.clear()
-    prepare_default_models(models, log=lines.append)
-    assert (draft / MARKER).is_file()
-    assert not (draft / "stale.bin").exists()
-    assert any("building draft" in line for line in lines)
+    for key, says in (("layer_draft", "building draft"), ("draft", "installing the distilled draft")):
+        draft = out[key]
+        assert (draft / MARKER).is_file()
+        (draft / MARKER).unlink()
+        (draft / "stale.bin").write_bytes(b"half-written")
+        lines.clear()
+        prepare_default_models(models, log=lines.append)
+        assert (draft / MARKER).is_file()
+        assert not (draft / "stale.bin").exists()
+        assert [line for line in lines if "ssd: building" in line or "ssd: installing" in line] == \
+            [line for line in lines if says in line]
     assert (models / DEFAULT_TARGET).is_symlink()
     assert not [p.name for p in models.iterdir() if p.name.startswith(".")]
 
 
-def test_draft_is_two_layer_slice_of_target(prepared):
-    from safetensors import safe_open
+def test_feature_draft_is_the_packaged_weights_on_the_targets_embedding(prepared):
+    import torch
+    from safetensors.torch import load_file
+
+    from ssd.models.eagle import FeatureDraft
+    from ssd.models.loader import load_model
+    from ssd.models.prepare import EAGLE_WEIGHTS
 
     target, draft = prepared["target"], prepared["draft"]
+    cfg = json.loads((draft / "config.json").read_text())
+    assert cfg["ssd_feature_draft"]["feature_size"] == 576 and cfg["num_hidden_layers"] == 1
+    for name in TOKENIZER_FILES:
+        assert (target / name).read_bytes() == (draft / name).read_bytes()
+    model = load_model(draft)
+    assert isinstance(model, FeatureDraft)
+    packed = load_file(str(EAGLE_WEIGHTS))
+    t = load_file(str(target / "model.safetensors"))
+    assert torch.equal(model.vocab_ids, packed["vocab_ids"].long())
+    assert torch.equal(model.fc_weight, packed["fc.weight"].float())
+    assert torch.equal(model.embed, t["model.embed_tokens.weight"])
+    assert torch.equal(model.lm_head, t["model.embed_tokens.weight"][model.vocab_ids])
+    source = json.loads((draft / "source.json").read_text())
+    assert source["training"]["command"] and source["weights"] == EAGLE_WEIGHTS.name
+
+
+def test_packaged_weights_are_small_bf16():
+    from safetensors import safe_open
+
+    from ssd.models.prepare import EAGLE_WEIGHTS
+
+    assert EAGLE_WEIGHTS.stat().st_size < 50 << 20
+    with safe_open(str(EAGLE_WEIGHTS), "pt") as f:
+        assert f.get_slice("fc.weight").get_dtype() == "BF16"
+        assert {"command", "seed", "train_minutes"} <= set(f.metadata())
+
+
+def test_layer_draft_is_two_layer_slice_of_target(prepared):
+    from safetensors import safe_open
+
+    target, draft = prepared["target"], prepared["layer_draft"]
     t_cfg = json.loads((target / "config.json").read_text())
     d_cfg = json.loads((draft / "config.json").read_text())
     assert d_cfg["num_hidden_layers"] == 2
@@ -186,4 +225,5 @@ def test_crash_leaves_no_folder(prepared, tmp_path, monkeypatch):
     monkeypatch.setattr(prep, "_write_draft", boom)
     with pytest.raises(RuntimeError, match="simulated crash"):
         prepare_default_models(models, log=lambda _: None)
-    assert sorted(p.name for p in models.iterdir()) == [DEFAULT_TARGET]
+    # the distilled draft was installed before the crash; the layer draft left nothing behind
+    assert sorted(p.name for p in models.iterdir()) == sorted([DEFAULT_TARGET, DEFAULT_DRAFT])

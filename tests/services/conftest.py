@@ -26,9 +26,12 @@ def ar_reference(default_models, chat_prompts):
 
 @pytest.fixture(scope="session")
 def stack(default_models, tmp_path_factory):
-    """A real stack: router, target and one draft as separate processes on loopback."""
+    """A real stack: router, target and one draft as separate processes on loopback. The draft is the
+    layer-truncated one (it accepts ~4% of tokens): these tests are about the services, not the draft; the
+    distilled default draft runs through the stack in test_feature_plumbing.py."""
     logs = tmp_path_factory.mktemp("logs")
-    cfg = StackConfig(mode="ssd", drafts=1, log_dir=logs, max_batch=16, target_cpus="0", draft_cpus="1", threads=1)
+    cfg = StackConfig(mode="ssd", drafts=1, log_dir=logs, max_batch=16, target_cpus="0", draft_cpus="1", threads=1,
+                      draft_model=default_models["layer_draft"])
     with Stack(cfg) as s:
         s.logs = logs
         yield s

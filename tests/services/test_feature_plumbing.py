@@ -260,7 +260,7 @@ def test_draft_takes_features_and_answers_malformed_ones_with_an_error(feature_d
     assert err.code == "invalid_argument" and isinstance(result, wire.JitResult)
     assert worker.feature_rows_received == 8 and worker.seqs[(PEER, 1)].tokens[-2:] == [9, 9]
 
-    ordinary = DraftWorker(load_model(default_models["draft"]), 2, 256, 3, [2, 1, 1, 1])
+    ordinary = DraftWorker(load_model(default_models["layer_draft"]), 2, 256, 3, [2, 1, 1, 1])
     ep = FakeEndpoint()
     DraftHandler(ordinary, ep).handle([(PEER, wire.DraftAdd([wire.DraftAddItem(1, tokens, DRAFT_GREEDY,
                                                                                (0, b"\x00\x00"))]))])
@@ -307,10 +307,10 @@ def test_tensor_parallel_leader_and_followers_make_the_same_calls_features_inclu
 # ---- a real stack -----------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def feature_stack(default_models, feature_draft_dir, tmp_path_factory):
+def feature_stack(default_models, tmp_path_factory):
+    """The product's default pair: the target and the distilled feature-reading draft."""
     logs = tmp_path_factory.mktemp("feature-logs")
-    cfg = StackConfig(mode="ssd", drafts=1, draft_model=feature_draft_dir, log_dir=logs, max_batch=8,
-                      target_cpus="0", draft_cpus="1", threads=1)
+    cfg = StackConfig(mode="ssd", drafts=1, log_dir=logs, max_batch=8, target_cpus="0", draft_cpus="1", threads=1)
     with Stack(cfg) as s:
         s.logs = logs
         yield s
