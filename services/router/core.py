@@ -442,6 +442,15 @@ class RouterCore:
                 self._add_to_draft(req)  # the draft lost it (restart): rebuild from committed tokens
                 if req.phase is Phase.JIT:
                     self._backup(req, BackupPolicy.NGRAM)
+            elif msg.code == "internal" and msg.seq is None:
+                # a whole batch failed on the draft: its state for our sequences is in doubt and a JIT it
+                # owed will never come, so rebuild them there and back up the ones waiting
+                log.warning("draft error %s: %s: rebuilding its sequences", msg.code, msg.message)
+                for req in list(self.active.values()):
+                    if req.draft is peer and req.finish is None:
+                        self._add_to_draft(req)
+                        if req.phase is Phase.JIT:
+                            self._backup(req, BackupPolicy.NGRAM)
             else:
                 log.warning("draft error %s: %s (seq %s)", msg.code, msg.message, msg.seq)
 

@@ -140,6 +140,7 @@ class DraftWorker:
             final = min(s.kv_len, s.fresh) if self.feature_size else s.kv_len
             self.cache.register(s.slot, s.tokens, min(final, len(s.tokens) - 1))
 
+    @torch.inference_mode()   # the buffer may have been made in inference mode (a forward grew it)
     def _take_features(self, s: _DraftSeq, block: FeatureBlock | None) -> None:
         """Store the target's features block.start.. as the input features of the positions after them."""
         if block is None or not self.feature_size or block.rows.shape[0] == 0:
@@ -156,6 +157,7 @@ class DraftWorker:
         s.nfeat = max(s.nfeat, end)
         self.feature_rows_received += block.rows.shape[0]
 
+    @torch.inference_mode()
     def _grow(self, s: _DraftSeq, rows: int) -> None:
         have = 0 if s.feats is None else s.feats.shape[0]
         if rows > have:

@@ -71,6 +71,19 @@ def test_estimated_kv_is_recomputed_when_features_arrive(pair):
     assert w.seqs[0].fresh == len(committed)
 
 
+def test_features_arrive_after_a_forward_grew_the_buffer(pair):
+    """The feature buffer may first be made (or grown) inside a forward's inference mode; features that arrive
+    later, outside it, still land (a draft service crashed on this once)."""
+    target, draft = pair
+    tokens = list(range(3, 30))
+    w = DraftWorker(draft, 2, 256, 3, [1] * 4)
+    w.add(0, tokens, DraftParams())                 # no features: the forward below makes the buffer (64 rows)
+    spec = w.jit([0], 3)[0].tokens
+    full = _target_features(target, tokens + spec[:1] + [5])
+    w.commit(0, spec[:1] + [5], FeatureBlock(0, full.rows[:len(tokens) + 1]))
+    assert w.seqs[0].nfeat == len(tokens) + 1 and len(w.jit([0], 3)[0].tokens) == 3
+
+
 def test_features_with_gaps_and_bad_shapes(pair):
     _, draft = pair
     w = DraftWorker(draft, 2, 256, 3, [1] * 4)

@@ -160,6 +160,23 @@ def test_router_rebuilds_a_draft_with_the_pending_features(core):
     assert add.items[0].tokens == [5, 6, 7, 9, 4] and add.items[0].features == (3, b"a" * 8)
 
 
+def test_a_failed_draft_batch_rebuilds_its_sequences_and_backs_up_the_waiting_ones(core):
+    fd, _ = core.drafts
+    req = admit(core)
+    sent(core, wire.Prefill)
+    core._on_target(core.targets[0], wire.Prefilled([(req.seq, 9)], 0.1, []))
+    sent(core, wire.DraftAdd)
+    core._dispatch()
+    (_, jit), = sent(core, wire.Jit)
+    assert req.phase is Phase.JIT
+    core._on_draft(fd, wire.Error("internal", "RuntimeError: boom", None))   # the JitResult will never come
+    (_, add), = sent(core, wire.DraftAdd)
+    assert add.items[0].seq == req.seq and add.items[0].tokens == [5, 6, 7, 9]
+    assert req.phase is not Phase.JIT   # an n-gram (or empty) backup instead of waiting forever
+    core._dispatch()
+    assert sent(core, wire.Verify)
+
+
 def test_router_asks_no_features_for_ordinary_drafts_and_ar(core):
     fd, other = core.drafts
     core._load[fd] = 5                      # the next sequence goes to the draft whose feature size is wrong
