@@ -71,7 +71,6 @@ class TargetWorker:
         self.preemptions = 0
         self._forwards = 0
         self.last_features: dict = {}   # seq_id -> FeatureBlock of the last prefill/verify (with features=True)
-        self._features: list[FeatureBlock] = []
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.seqs
@@ -92,10 +91,8 @@ class TargetWorker:
         """Add sequences and return each one's first generated token. With `features`, `last_features` holds
         the features of the prompt positions this call computed (prefix-cache hits are not recomputed)."""
         new = self._add(requests, lambda n: 0 < n < self.max_len, "prompt length {n} must be in 1..{m}")
-        hidden = self._run([(s, []) for s in new], prefill=True, features=features)
-        self.last_features = {}
-        if features:
-            self.last_features = {seq_id: blk for (seq_id, _, _), blk in zip(requests, self._features)}
+        hidden, blocks = self._run([(s, []) for s in new], prefill=True, features=features)
+        self.last_features = {seq_id: blk for (seq_id, _, _), blk in zip(requests, blocks)}
         probs = probs_from_logits(self.model.logits(torch.cat(hidden)), [s.params for s in new])
         firsts = sample(probs, [s.generator for s in new]).tolist()
         for s, t in zip(new, firsts):
@@ -116,12 +113,12 @@ class TargetWorker:
         return new
 
     def _run(self, pairs: list[tuple[_TargetSeq, list[int]]], prefill: bool = False,
-             features: bool = False) -> list[torch.Tensor]:
+             features: bool = False) -> tuple[list[torch.Tensor], list[FeatureBlock]]:
         """Forward each sequence's tokens without KV plus `extra` speculated tokens; returns, per pair, the
         hidden states of its last committed token and the extra ones. Runs in chunks when KV is short. With
-        `features`, `_features` gets, per pair, the pre-norm hidden states of every position computed."""
+        `features`, also per pair the pre-norm hidden states of every position computed (else no blocks)."""
         out: list[torch.Tensor] = []
-        self._features: list[FeatureBlock] = []
+        blocks: list[FeatureBlock] = []
         i = 0
         while i < len(pairs):
             j = self._fit(pairs, i)
@@ -136,7 +133,7 @@ class TargetWorker:
                 n, m = len(rows[r]), len(extra) + 1
                 out.append(hidden[r, n - m:n])
                 if features:
-                    self._features.append(FeatureBlock(s.kv, pre[r, :n].to(torch.float16)))
+                    blocks.append(FeatureBlock(s.kv, pre[r, :n].to(torch.float16)))
                 fresh = len(s.tokens) - s.kv
                 if prefill:
                     self.prefill_tokens += fresh
@@ -146,7 +143,7 @@ class TargetWorker:
                 if self.prefix_caching:
                     self.cache.register(s.slot, s.tokens, s.kv)
             i = j
-        return out
+        return out, blocks
 
     def _fit(self, pairs, i: int) -> int:
         """Map blocks for pairs[i:j] with j as large as possible (at least i+1), preempting others."""
@@ -224,14 +221,12 @@ class TargetWorker:
         for it, s in zip(items, seqs):
             if len(s.tokens) + len(it.tokens) > self.max_len:
                 raise ValueError(f"sequence {it.seq_id}: speculation runs past the maximum length {self.max_len}")
-        hidden = self._run([(s, list(it.tokens)) for it, s in zip(items, seqs)], features=features)
+        hidden, blocks = self._run([(s, list(it.tokens)) for it, s in zip(items, seqs)], features=features)
         logits = self.model.logits(pad_sequence(hidden, batch_first=True))  # [B, Kmax+1, V]
         outcomes = self._outcomes(items, seqs, logits)
-        self.last_features = {}
-        if features:
-            for out, s, blk in zip(outcomes, seqs, self._features):
-                keep = len(s.tokens) + out.accepted - blk.start   # through the last accepted token
-                self.last_features[out.seq_id] = FeatureBlock(blk.start, blk.rows[:keep])
+        # each block through the last accepted token
+        self.last_features = {out.seq_id: FeatureBlock(blk.start, blk.rows[:len(s.tokens) + out.accepted - blk.start])
+                              for out, s, blk in zip(outcomes, seqs, blocks)}
         for out, it, s in zip(outcomes, items, seqs):
             s.tokens.extend(it.tokens[:out.accepted])
             s.tokens.append(out.token)
