@@ -17,6 +17,7 @@ from torch import nn
 from ssd.config import ModelConfig
 from ssd.models.attention import paged_attention
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, PagedIndex
+from ssd.models.linear import linear
 from ssd.models.parallel import TPGroup
 from ssd.models.rope import RotaryTable, apply_rotary
 
@@ -91,7 +92,7 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, index: PagedIndex, layer: int):
         B, T, _ = x.shape
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = linear(x, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         q, k, v = q.view(B, T, self.h, self.d), k.view(B, T, self.hkv, self.d), v.view(B, T, self.hkv, self.d)
         if self.q_norm is not None:
@@ -99,7 +100,7 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         cache.write(layer, index, k, v, batch.valid)
         out = paged_attention(q, batch, cache, index, layer)
-        out = F.linear(out.reshape(B, T, self.q_size), self.o_weight)
+        out = linear(out.reshape(B, T, self.q_size), self.o_weight)
         out = self.tp.all_reduce(out) if self.tp is not None else out
         return out if self.o_bias is None else out + self.o_bias
 
@@ -115,8 +116,8 @@ class MLP(nn.Module):
         self.down_bias = _param(cfg.hidden_size) if cfg.mlp_bias else None
 
     def forward(self, x):
-        gate, up = F.linear(x, self.gate_up_weight, self.gate_up_bias).split(self.inter, dim=-1)
-        out = F.linear(F.silu(gate) * up, self.down_weight)
+        gate, up = linear(x, self.gate_up_weight, self.gate_up_bias).split(self.inter, dim=-1)
+        out = linear(F.silu(gate) * up, self.down_weight)
         out = self.tp.all_reduce(out) if self.tp is not None else out
         return out if self.down_bias is None else out + self.down_bias
 
@@ -188,5 +189,5 @@ class Decoder(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.tp is not None:
-            return self.tp.gather_vocab(F.linear(hidden, self.lm_head).float(), self.cfg.vocab_size)
-        return F.linear(hidden, self.embed if self.lm_head is None else self.lm_head).float()
+            return self.tp.gather_vocab(linear(hidden, self.lm_head).float(), self.cfg.vocab_size)
+        return linear(hidden, self.embed if self.lm_head is None else self.lm_head).float()

@@ -30,6 +30,7 @@ from torch import nn
 
 from ssd.config import ModelConfig
 from ssd.models.decoder import Decoder, ForwardBatch, RMSNorm
+from ssd.models.linear import linear
 
 
 class FeatureDraft(Decoder):
@@ -59,11 +60,11 @@ class FeatureDraft(Decoder):
         """The first layer's input for tokens `ids` whose predecessors have `features`."""
         e = F.embedding(ids, self.embed)
         x = torch.cat((self.feature_norm(features.to(e.dtype)), self.embed_norm(e)), dim=-1)
-        return F.linear(x, self.fc_weight, self.fc_bias)
+        return linear(x, self.fc_weight, self.fc_bias)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary only ([..., draft_vocab_size], float32)."""
-        return F.linear(hidden, self.lm_head).float()
+        return linear(hidden, self.lm_head).float()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits: -inf outside the draft vocabulary, so sampling never proposes those."""
