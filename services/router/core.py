@@ -32,7 +32,7 @@ import zmq
 from ssd import wire
 from ssd.engine.stats import SpecStats
 from ssd.params import FinishReason, SamplingParams, finish_reason, speculation_room
-from ssd.spec.adaptive import AdaptiveK
+from ssd.spec.adaptive import AdaptiveK, CostTable
 from ssd.spec.backup import BackupPolicy, BackupTimings, choose_backup
 from ssd.spec.cache import CacheEntry, LookupReason, SpeculationCache
 from ssd.spec.ngram import ngram_propose
@@ -41,6 +41,8 @@ from services.router.metrics import RouterMetrics
 from services.router.peers import Peer
 
 log = logging.getLogger("ssd.router")
+
+MAX_TARGET_FAILURES = 3   # target batches failing as a whole that a sequence survives (rebuilt each time)
 
 
 class Phase(Enum):
@@ -75,8 +77,10 @@ class Request:
     draft_sent: int = 0            # committed tokens the draft knows
     k_now: int = 0                 # draft tokens this round may use (the adaptive policy's K, or the fixed K)
     since_probe: int = 0           # rounds run with speculation off since the last probe round
+    since_explore: int = 0         # rounds run at the adaptive choice since one ran at a neighbouring K
     drafted: bool = False          # a DraftRound went out with this round (so a cache miss is informative)
     verify_batch: int = 0          # the verify batch holding this round: only its outcome counts
+    target_failures: int = 0       # target batches that failed as a whole while holding this sequence
     first_token_at: float | None = None
     last_emit_at: float = 0.0
     target: Peer | None = None     # the target this sequence is pinned to
@@ -96,6 +100,8 @@ class CoreConfig:
     adaptive: bool = True          # K per round from measurements (ssd.spec.adaptive); False: always the draft's K
     probe_every: int = 16          # with speculation off, one round in this many speculates to re-measure
     target_wait: float = 30.0      # seconds a sequence waits for a live target before it fails
+    verify_inflight: int = 1       # verify batches out to one target at a time (0 = no limit); see _dispatch
+    verify_hold: float = 5.0       # a batch out longer than this no longer holds the next one back
 
 
 @dataclass(slots=True)
@@ -117,6 +123,8 @@ class RouterCore:
             raise ValueError(f"mode must be ar, sd or ssd, got {cfg.mode!r}")
         if cfg.mode != "ar" and not drafts and discovery is None:
             raise ValueError(f"mode {cfg.mode} needs a draft address")
+        if cfg.verify_inflight < 0:
+            raise ValueError(f"verify_inflight must be >= 0 (0 = no limit), got {cfg.verify_inflight}")
         drafts = drafts if cfg.mode != "ar" else []
         self.cfg = cfg
         self.backup = BackupPolicy(cfg.backup)
@@ -138,7 +146,8 @@ class RouterCore:
         self.stats = SpecStats()
         self.metrics = metrics or RouterMetrics()
         self.times = Timings()
-        self._sent_at: dict[int, float] = {}
+        self._sent_at: dict[int, tuple[float, int]] = {}   # verify batch id -> (sent at, positions)
+        self._out: dict[Peer, dict[int, float]] = {}      # target -> its verify batches not answered yet (id -> sent at)
         self.k = 0
         self.max_len = 0
         self.adaptive: dict[str, AdaptiveK] = {}  # per speculating mode, made at handshake (K known)
@@ -245,7 +254,7 @@ class RouterCore:
         if self.k and self.cfg.adaptive:
             # One set of measurements serves both modes: the verify line here, the draft-step line of the backup
             # timings (both fed once per message).
-            self._verify_line = AdaptiveK.default_verify_line()
+            self._verify_line = CostTable()
             self.adaptive = {m: AdaptiveK(self.k, m, self.cfg.probe_every, verify=self._verify_line,
                                           draft_step=self.timings.draft_step) for m in ("sd", "ssd")}
             self._choice = {m: self.k for m in self.adaptive}
@@ -359,6 +368,10 @@ class RouterCore:
 
     def _on_target(self, peer: Peer, msg) -> None:
         if isinstance(msg, wire.Outcomes):
+            self._out.get(peer, {}).pop(msg.batch_id, None)
+            if not msg.items:   # none of its items could run (each got an Error): nothing was verified
+                self._sent_at.pop(msg.batch_id, None)
+                return
             self.timings.observe_verify(len(msg.items), msg.elapsed_s)
             t = self.times
             t.verify_batches += 1
@@ -411,7 +424,9 @@ class RouterCore:
                     self._backup(req, choose_backup(self._policy(req), max(1, len(self.active)), self.timings))
         elif isinstance(msg, wire.Error):
             req = self.active.get(msg.seq) if msg.seq is not None else None
-            if req is None or req.target is peer:
+            if msg.seq is None and msg.code == "internal":
+                self._target_batch_failed(peer, msg)
+            elif req is None or req.target is peer:
                 self._worker_error("target", msg)
 
     def _on_draft(self, peer: Peer, msg) -> None:
@@ -424,7 +439,9 @@ class RouterCore:
                 entries = {(e.accepted, e.token): CacheEntry(e.tokens, e.proposal) for e in msg.entries}
                 self.cache.publish(msg.seq, msg.round, entries)
         elif isinstance(msg, wire.JitResult):
-            self.timings.observe_draft_step(len(msg.items), msg.elapsed_s / max(1, self.k))
+            steps = max((len(tokens) for _, tokens, _ in msg.items), default=0)   # K of this JIT, not the draft's
+            if steps:
+                self.timings.observe_draft_step(len(msg.items), msg.elapsed_s / steps)
             self.times.jit_batches += 1
             self.times.jit_s += msg.elapsed_s
             self.metrics.jit(msg.elapsed_s)
@@ -473,6 +490,23 @@ class RouterCore:
             if self._by_rid.get(req.rid) is req:
                 del self._by_rid[req.rid]
 
+    def _target_batch_failed(self, peer: Peer, msg) -> None:
+        """A target batch failed as a whole (an exception in the target): no answer will come for what it held.
+        Every sequence waiting on this target is rebuilt there from its committed tokens (what the target held for
+        it may be half-updated), and fails after MAX_TARGET_FAILURES such batches (a failure that repeats)."""
+        log.warning("target %s: a batch failed (%s); rebuilding the sequences waiting on it", peer.address,
+                    msg.message)
+        self._out.pop(peer, None)
+        waiting = [r for r in self.active.values()
+                   if r.target is peer and r.phase in (Phase.PREFILL, Phase.RESTORE, Phase.VERIFY)]
+        for req in waiting:
+            req.target_failures += 1
+            if req.target_failures >= MAX_TARGET_FAILURES:
+                req.events.put(("error", f"target: {msg.message}"))
+                self._finish(req, FinishReason.ERROR, notify=False)
+            else:
+                self._send_prefill(req, wire.Prefill if req.phase is Phase.PREFILL else wire.Restore)
+
     def _worker_error(self, role: str, msg) -> None:
         req = self.active.get(msg.seq) if msg.seq is not None else None
         log.warning("%s error %s: %s (seq %s)", role, msg.code, msg.message, msg.seq)
@@ -493,11 +527,18 @@ class RouterCore:
         if req.k or req.mode not in self.adaptive:
             return req.k or self.k
         k = self._choice.get(req.mode, self.k)
+        policy = self.adaptive[req.mode]
         if k == 0:
             req.since_probe += 1
-            if self.adaptive[req.mode].probe(req.since_probe):
+            if policy.probe(req.since_probe):
                 req.since_probe = 0
                 return self.k
+            return 0
+        req.since_explore += 1
+        other = policy.explore(req.since_explore, k)
+        if other is not None:
+            req.since_explore = 0
+            return other
         return k
 
     def _commit(self, req: Request, tokens: list[int]) -> int:
@@ -614,7 +655,7 @@ class RouterCore:
             for d, items in jits.items():
                 for run in features.runs(items):
                     d.send(wire.Jit(next(self._batches), run))
-        ready = [r for r in self.active.values() if r.phase is Phase.READY]
+        ready = [r for r in self.active.values() if r.phase is Phase.READY and not self._target_busy(r.target)]
         if not ready:
             return
         self._adapt()
@@ -630,13 +671,32 @@ class RouterCore:
                                                                           self._take_features(r)))
         for t, items in verifies.items():
             batch_id = next(self._batches)
-            self._sent_at[batch_id] = (time.monotonic(), sum(len(it.tokens) + 1 for it in items))
+            now = time.monotonic()
+            self._sent_at[batch_id] = (now, sum(len(it.tokens) + 1 for it in items))
+            self._out.setdefault(t, {})[batch_id] = now
             for it in items:
                 self.active[it.seq].verify_batch = batch_id
             t.send(wire.Verify(batch_id, items, any(self._wants_features(self.active[it.seq]) for it in items)))
         for d, items in rounds.items():
             for run in features.runs(items):
                 d.send(wire.DraftRound(run))
+
+    def _target_busy(self, target: Peer | None) -> bool:
+        """Whether `target` already has `verify_inflight` verify batches out. Sequences that become ready meanwhile
+        wait here instead of queueing at the target as batches of their own: the target runs one forward at a
+        time, so they would wait as long either way, and sent together when its answer arrives they join the
+        answered sequences in one forward. Without this, sequences that fall out of step (a prefill, a cache miss)
+        stay in separate cohorts for good, each a forward of its own, every round. A batch out longer than
+        `verify_hold` seconds stops counting (a lost answer must not stall its target)."""
+        limit = self.cfg.verify_inflight
+        out = self._out.get(target) if target is not None else None
+        if not limit or not out:
+            return False
+        now = time.monotonic()
+        for batch_id in [b for b, sent in out.items() if now - sent > self.cfg.verify_hold]:
+            log.debug("verify batch %d to %s unanswered for %.1f s: no longer holding sequences back", batch_id,
+                      target.address, now - out.pop(batch_id))
+        return len(out) >= limit
 
     def _adapt(self) -> None:
         """The adaptive policy's K per mode for the current batch size (logged and exported when it changes)."""
@@ -662,6 +722,8 @@ class RouterCore:
         now = time.monotonic()
         for t in self.targets:
             change = t.tick(now)
+            if change is not None:
+                self._out.pop(t, None)   # whatever it had out will not be answered (died) or was lost (came back)
             if change == "ready" and self.vocab_size and self._incompatible(t):
                 log.error("refusing %s", self._incompatible(t))
                 t.alive = False

@@ -68,6 +68,9 @@ class RouterConfig:
                 "it does not pay; a request's speculation.k pins its K (false = always the draft's K)"})
     probe_every: int = field(default=16, metadata={
         "help": "adaptive: with speculation off, one round in this many speculates to re-measure acceptance"})
+    verify_inflight: int = field(default=1, metadata={
+        "help": "verify batches out to one target at a time: sequences that become ready meanwhile wait and go "
+                "together in the next one (0 = send each at once)"})
     ready_timeout: float = field(default=180.0, metadata={"help": "seconds to wait for the workers at start"})
     state_redis_url: str = field(default="", metadata={
         "help": "Redis URL of the request-state journal: streams survive a router failure and several routers "
@@ -316,7 +319,8 @@ def run(cfg: RouterConfig) -> int:
         return 2
     static = (list(cfg.targets), list(cfg.drafts)) if discovery is None else ([], [])
     core = RouterCore(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
-                                 cfg.ready_timeout, cfg.adaptive, cfg.probe_every),
+                                 cfg.ready_timeout, cfg.adaptive, cfg.probe_every,
+                                 verify_inflight=cfg.verify_inflight),
                       *static, tok.fingerprint, tok.eos_token_ids, discovery=discovery,
                       curve=curve)
     metrics = RouterMetrics()

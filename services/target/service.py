@@ -2,7 +2,8 @@
 
 Sequences are keyed by (router peer, sequence id), so several routers can share one target. Verify messages
 that arrive together are merged into one forward (continuous batching: new sequences join between rounds).
-A bad item gets an `Error` naming its sequence; the rest of its batch runs.
+A bad item gets an `Error` naming its sequence; the rest of its batch runs. Every `Verify` gets its `Outcomes`,
+empty when none of its items could run (a router holds its next batch until the answer: services/router/core.py).
 
 A `Prefill` or `Verify` with `features` set is answered with the features that call computed for each of its
 sequences (the final pre-norm hidden states, float16): `Prefilled.features` and `Outcomes.features`. Verify
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ssd import wire
@@ -135,12 +135,10 @@ class TargetHandler(Handler):
                     continue
                 items.append(item)
                 owners.append((peer, msg.batch_id))
-        if not items:
-            return
         asked = {(peer, msg.batch_id) for peer, msg in messages if msg.features}
-        outcomes = self.worker.verify(items, features=bool(asked))
+        outcomes = self.worker.verify(items, features=bool(asked)) if items else []
         elapsed = time.perf_counter() - t0
-        grouped = defaultdict(list)
+        grouped = {(peer, msg.batch_id): [] for peer, msg in messages}  # every Verify is answered, even if empty
         for owner, out in zip(owners, outcomes):
             grouped[owner].append(wire.Outcome(out.seq_id[1], out.accepted, out.token))
         for (peer, batch_id), outs in grouped.items():

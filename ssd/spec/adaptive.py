@@ -7,7 +7,10 @@ Contract
     cache entries or JIT, not n-gram) of which the first ``accepted`` were accepted. Kept per position as
     the conditional acceptance ``a_i = P(token i accepted | tokens 1..i-1 accepted)``, an EMA with a prior.
   - ``observe_verify(tokens, seconds)``: one verify batch of ``tokens`` positions (sum over its sequences of
-    drafted + 1) and its round trip as the router saw it: a line ``t_v(n) = c0 + c1 n`` (``LinearEma``).
+    drafted + 1) and its round trip as the router saw it, kept in a ``CostTable``: the measured mean at each
+    n seen recently, a line ``t_v(n) = c0 + c1 n`` (``LinearEma``) for the others. A table, because the cost
+    is not a line in n on a CPU: a 2-row matmul can cost what a 1-row one does and a 3-row one half again
+    (ssd/models/linear.py), and that step decides between K = 1 and K = 3 at batch 1.
   - ``observe_draft_step(batch, seconds)``: one draft step (a JIT batch's time / K): a line in the batch size.
   - ``observe_lookup(hit)``: whether a speculation-cache lookup hit (ssd mode).
 * ``choose(batch)`` returns the K in ``0..k_max`` that maximises the predicted tokens per second of a batch of
@@ -25,6 +28,11 @@ Contract
   (a different kind of text, a better draft). The interval starts at ``probe_every`` rounds and doubles with
   each probe that leaves speculation off, up to ``max_probe_every`` (a draft that never pays costs ever less);
   it returns to ``probe_every`` as soon as K > 0 is chosen again.
+* While K > 0 is chosen, ``explore(rounds_since_explore, k)`` says when a sequence should run one round at a
+  neighbour of the choice instead (K + 1 and K - 1 in turn, every ``explore_every`` rounds): it measures the
+  verify cost at the neighbours' sizes and the acceptance one position further, so a choice the prior or a
+  stale line put in the wrong place moves (hill climbing on measured terms). Costs one round in
+  ``explore_every`` at a nearby K.
 * With no measurement yet, the prior (acceptance 0.6 per position, a draft step 1/6 of a verify) picks a
   K > 0: speculation starts on and turns itself down from evidence.
 
@@ -35,13 +43,50 @@ from __future__ import annotations
 
 from ssd.spec.backup import LinearEma
 
-__all__ = ["AdaptiveK"]
+__all__ = ["AdaptiveK", "CostTable"]
+
+
+class CostTable:
+    """Seconds of a verify against the positions n it holds: a decayed mean per n measured at least `trusted`
+    times within the last `max_age` observations, otherwise the least-squares line over all of them."""
+
+    def __init__(self, line: LinearEma | None = None, decay: float = 0.9, trusted: float = 2.0,
+                 max_age: int = 2000):
+        self.line = line if line is not None else AdaptiveK.default_verify_line()
+        self.decay, self.trusted, self.max_age = decay, trusted, max_age
+        self._mean: dict[int, float] = {}
+        self._weight: dict[int, float] = {}
+        self._seen: dict[int, int] = {}
+        self._clock = 0
+
+    def observe(self, n: int, seconds: float) -> None:
+        self.line.observe(n, seconds)
+        self._clock += 1
+        w = self.decay * self._weight.get(n, 0.0) if self._fresh(n) else 0.0
+        self._mean[n] = (w * self._mean.get(n, 0.0) + seconds) / (w + 1.0)
+        self._weight[n], self._seen[n] = w + 1.0, self._clock
+
+    def _fresh(self, n: int) -> bool:
+        return n in self._seen and self._clock - self._seen[n] <= self.max_age
+
+    def predict(self, n: float) -> float:
+        n_int = int(n)
+        if n_int == n and self._fresh(n_int) and self._weight[n_int] >= self.trusted:
+            return self._mean[n_int]
+        return self.line.predict(n)
+
+    def coefficients(self) -> tuple[float, float]:
+        return self.line.coefficients()
+
+    def table(self) -> dict[int, float]:
+        """The trusted means, by n (for logs and tests)."""
+        return {n: self._mean[n] for n in sorted(self._mean) if self._fresh(n) and self._weight[n] >= self.trusted}
 
 
 class AdaptiveK:
     def __init__(self, k_max: int, mode: str = "ssd", probe_every: int = 16, prior_acceptance: float = 0.6,
-                 decay: float = 0.97, max_probe_every: int = 256, verify: LinearEma | None = None,
-                 draft_step: LinearEma | None = None):
+                 decay: float = 0.97, max_probe_every: int = 256, verify: CostTable | None = None,
+                 draft_step: LinearEma | None = None, explore_every: int = 16):
         """`verify` and `draft_step`: measurement lines shared with other users (the router feeds each once);
         by default this instance keeps its own."""
         if k_max < 1:
@@ -53,7 +98,9 @@ class AdaptiveK:
         self.probe_interval = probe_every
         self.acceptance = [prior_acceptance] * k_max   # conditional, per position 1..k_max
         self.hit = 0.5 if mode == "ssd" else 0.0
-        self.verify = verify if verify is not None else self.default_verify_line()
+        self.verify = verify if verify is not None else CostTable()
+        self.explore_every = explore_every   # 0: never explore
+        self._explore_up = False
         self.draft_step = draft_step if draft_step is not None else LinearEma(prior_intercept=4e-3, prior_slope=4e-4)
         self.rounds = 0
 
@@ -118,8 +165,17 @@ class AdaptiveK:
         self.probe_interval = min(self.max_probe_every, 2 * self.probe_interval)
         return True
 
+    def explore(self, rounds_since_explore: int, k: int) -> int | None:
+        """The K a sequence that ran `rounds_since_explore` rounds at the choice `k` (> 0) should run this round
+        instead, or None: every `explore_every` rounds a neighbour, K + 1 and K - 1 in turn."""
+        if not self.explore_every or k <= 0 or rounds_since_explore < self.explore_every:
+            return None
+        self._explore_up = not self._explore_up
+        return k + 1 if self._explore_up and k < self.k_max else k - 1
+
     def summary(self, batch: int) -> dict:
         return {"k": self.choose(batch), "acceptance": [round(a, 3) for a in self.acceptance],
                 "hit": round(self.hit, 3), "verify": self.verify.coefficients(),
+                "verify_table": {n: round(t, 4) for n, t in self.verify.table().items()},
                 "draft_step": self.draft_step.coefficients(),
                 "throughput": [round(self.throughput(max(1, batch), k), 2) for k in range(self.k_max + 1)]}

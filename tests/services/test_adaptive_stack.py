@@ -13,9 +13,14 @@ def gauge(stack, name: str) -> float:
 
 def test_a_useless_draft_turns_speculation_off_without_changing_output(stack, chat_prompts, ar_reference):
     with Client(stack.grpc_address, timeout=600) as client:
-        for i in (3, 4, 5):
+        # The prior (acceptance 0.6) starts speculating; the estimate decays towards the measured ~4% round by
+        # round, and speculation goes off once K = 1 no longer pays (on this CPU a 2-position verify costs about
+        # what a 1-position one does, so that takes some rounds): within 8 requests of 32 tokens.
+        for i in (3, 4, 5, 3, 4, 5, 3, 4):
             r = client.generate(chat_prompts[i], max_tokens=32, ignore_eos=True, mode="ssd")
             assert r.token_ids == ar_reference[i]
+            if gauge(stack, 'ssd_speculation_k{mode="ssd"}') == 0:
+                break
         assert gauge(stack, 'ssd_speculation_k{mode="ssd"}') == 0
         off = client.generate(chat_prompts[6], max_tokens=32, ignore_eos=True, mode="ssd")
         pinned = client.generate(chat_prompts[6], max_tokens=32, ignore_eos=True, mode="ssd", k=3)

@@ -1,7 +1,7 @@
 """The adaptive K policy: acceptance bookkeeping, the Theorem 7 choice, turning speculation off and on."""
 import pytest
 
-from ssd.spec.adaptive import AdaptiveK
+from ssd.spec.adaptive import AdaptiveK, CostTable
 
 
 def feed(a: AdaptiveK, accept_rate_by_position, rounds=400, k=3):
@@ -85,3 +85,47 @@ def test_bad_arguments():
         AdaptiveK(0)
     with pytest.raises(ValueError):
         AdaptiveK(2, "ar")
+
+
+def test_cost_table_keeps_a_measured_step_a_line_would_smooth_away():
+    """A CPU where 2 positions cost what 1 does and 3 cost half again: the table answers with the measured
+    means, and only falls back to the line for sizes it has not seen enough."""
+    t = CostTable()
+    for _ in range(5):
+        for n, sec in ((1, 0.030), (2, 0.030), (3, 0.045), (4, 0.047)):
+            t.observe(n, sec)
+    assert t.predict(2) == pytest.approx(0.030) and t.predict(3) == pytest.approx(0.045)
+    assert t.table() == pytest.approx({1: 0.030, 2: 0.030, 3: 0.045, 4: 0.047})
+    assert t.predict(8) == pytest.approx(t.line.predict(8)) and t.predict(8) > t.predict(4)
+    t.observe(9, 1.0)                     # seen once: not trusted yet
+    assert t.predict(9) == pytest.approx(t.line.predict(9))
+
+
+def test_cost_table_forgets_sizes_not_seen_for_max_age_observations():
+    t = CostTable(max_age=10)
+    for _ in range(3):
+        t.observe(2, 0.5)
+    for _ in range(11):
+        t.observe(4, 0.05)
+    assert 2 not in t.table() and t.predict(2) == pytest.approx(t.line.predict(2))
+
+
+def test_the_table_moves_batch_one_to_the_k_whose_verify_costs_nothing_extra():
+    """Batch 1, SD, a draft accepting 0.7 per position: 2 positions measure as cheap as 1 and 3 or 4 much dearer,
+    so K = 1 is the best. The line through the same measurements would pick K = 2."""
+    table, line_only = AdaptiveK(3, "sd"), AdaptiveK(3, "sd", verify=CostTable(trusted=1e9))
+    for a in (table, line_only):
+        for _ in range(5):
+            for n, sec in ((1, 0.030), (2, 0.030), (3, 0.045), (4, 0.047)):
+                a.observe_verify(n, sec)
+            a.observe_draft_step(1, 0.002)
+        feed(a, [0.7, 0.7, 0.7])
+    assert table.choose(1) == 1 and line_only.choose(1) == 2
+
+
+def test_explore_runs_neighbours_in_turn_every_explore_every_rounds():
+    a = AdaptiveK(4, "ssd", explore_every=8)
+    assert a.explore(7, 2) is None and a.explore(100, 0) is None
+    assert [a.explore(8, 2) for _ in range(4)] == [3, 1, 3, 1]
+    assert a.explore(8, 4) == 3 and a.explore(8, 4) == 3      # no neighbour above K max
+    assert AdaptiveK(3, explore_every=0).explore(100, 2) is None

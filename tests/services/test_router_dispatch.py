@@ -1,0 +1,161 @@
+"""How the router hands verify batches to a target (services/router/core.py `_target_busy`), with no workers:
+messages are handed to the core and what it sends is recorded. Also the target's side of the bargain: every
+Verify is answered, even when none of its items could run.
+"""
+import time
+
+import pytest
+
+from ssd import wire
+from ssd.models.loader import load_model
+from ssd.params import FinishReason, SamplingParams
+from ssd.tp_service import build_target
+from services.router.core import MAX_TARGET_FAILURES, CoreConfig, Phase, RouterCore
+from services.target.service import TargetHandler
+
+
+def ready(role: str) -> wire.Ready:
+    return wire.Ready(role, "m", "h", 100, 256, 3, [2, 1, 1, 1] if role == "draft" else [], 0)
+
+
+def make_core(**cfg) -> RouterCore:
+    core = RouterCore(CoreConfig(mode="ar", adaptive=False, **cfg), ["tcp://127.0.0.1:9"], [], "h", [2])
+    core.sent = []
+    t = core.targets[0]
+    t.ready, t.alive = ready("target"), True
+    t.send = lambda msg: core.sent.append(msg) or True
+    core.handshake()
+    return core
+
+
+@pytest.fixture
+def core():
+    core = make_core()
+    yield core
+    core._shutdown()
+
+
+def admit(core, n=1, max_tokens=40) -> list:
+    reqs = [core.submit(f"r{len(core.active)}-{i}", [5, 6, 7], SamplingParams(max_tokens=max_tokens), mode="ar")
+            for i in range(n)]
+    core._take_new()
+    return reqs
+
+
+def take(core, cls) -> list:
+    out = [m for m in core.sent if isinstance(m, cls)]
+    core.sent = [m for m in core.sent if not isinstance(m, cls)]
+    return out
+
+
+def prefilled(core, reqs, token=9):
+    take(core, wire.Prefill)
+    core._on_target(core.targets[0], wire.Prefilled([(r.seq, token) for r in reqs], 0.01, []))
+
+
+def answer(core, verify, token=4):
+    core._on_target(core.targets[0], wire.Outcomes(verify.batch_id, [wire.Outcome(it.seq, len(it.tokens), token)
+                                                                     for it in verify.items], 0.05, []))
+
+
+def test_sequences_out_of_step_join_the_next_batch_instead_of_forming_their_own(core):
+    a, = admit(core)
+    prefilled(core, [a])
+    core._dispatch()
+    (first,), = [take(core, wire.Verify)]
+    b, = admit(core)             # arrives while a's verify is out
+    prefilled(core, [b])
+    core._dispatch()
+    assert not take(core, wire.Verify) and b.phase is Phase.READY   # held: the target is busy
+    answer(core, first)
+    core._dispatch()
+    (both,), = [take(core, wire.Verify)]
+    assert sorted(it.seq for it in both.items) == sorted([a.seq, b.seq])
+    # from now on they stay in one cohort: each answer brings both back together
+    answer(core, both)
+    core._dispatch()
+    (again,), = [take(core, wire.Verify)]
+    assert len(again.items) == 2
+
+
+def test_no_limit_sends_each_ready_sequence_at_once():
+    core = make_core(verify_inflight=0)
+    try:
+        a, = admit(core)
+        prefilled(core, [a])
+        core._dispatch()
+        b, = admit(core)
+        prefilled(core, [b])
+        core._dispatch()
+        assert [len(v.items) for v in take(core, wire.Verify)] == [1, 1]
+    finally:
+        core._shutdown()
+
+
+def test_an_unanswered_batch_stops_holding_after_verify_hold():
+    core = make_core(verify_hold=0.05)
+    try:
+        a, b = admit(core, 2)
+        prefilled(core, [a])
+        core._dispatch()
+        take(core, wire.Verify)
+        prefilled(core, [b])
+        core._dispatch()
+        assert not take(core, wire.Verify)
+        time.sleep(0.1)
+        core._dispatch()
+        (v,), = [take(core, wire.Verify)]
+        assert [it.seq for it in v.items] == [b.seq]
+    finally:
+        core._shutdown()
+
+
+def test_an_empty_answer_releases_the_target(core):
+    a, b = admit(core, 2)
+    prefilled(core, [a])
+    core._dispatch()
+    (first,), = [take(core, wire.Verify)]
+    prefilled(core, [b])
+    core._on_target(core.targets[0], wire.Error("invalid_argument", "bad", a.seq))
+    core._on_target(core.targets[0], wire.Outcomes(first.batch_id, [], 0.01, []))
+    core._dispatch()
+    (v,), = [take(core, wire.Verify)]
+    assert [it.seq for it in v.items] == [b.seq]
+
+
+def test_a_failed_target_batch_rebuilds_its_sequences_then_fails_them_if_it_repeats(core):
+    a, = admit(core)
+    prefilled(core, [a])
+    core._dispatch()
+    take(core, wire.Verify)
+    for attempt in range(1, MAX_TARGET_FAILURES):
+        core._on_target(core.targets[0], wire.Error("internal", "RuntimeError: boom", None))
+        (restore,), = [take(core, wire.Restore)]
+        assert a.phase is Phase.RESTORE and restore.items[0].tokens == [5, 6, 7, 9]
+        core._on_target(core.targets[0], wire.Restored([a.seq], 0.01))
+        core._dispatch()
+        assert take(core, wire.Verify)   # the failed batch no longer holds the target
+    core._on_target(core.targets[0], wire.Error("internal", "RuntimeError: boom", None))
+    assert a.finish is FinishReason.ERROR and a.seq not in core.active
+    events = []
+    while not a.events.empty():
+        events.append(a.events.get_nowait())
+    assert ("error", "target: RuntimeError: boom") in events
+
+
+class FakeEndpoint:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, peer, msg) -> None:
+        self.sent.append(wire.decode(wire.encode(msg)))
+
+
+def test_target_answers_a_verify_none_of_whose_items_could_run(default_models):
+    worker = build_target(load_model(default_models["target"]), {"max_seqs": 2, "max_len": 64, "kv_tokens": 0, "block_size": 16})
+    ep = FakeEndpoint()
+    handler = TargetHandler(worker, ep)
+    handler.handle([(b"r", wire.Verify(3, [wire.VerifyItem(99, [1], None)]))])   # an unknown sequence
+    error, outcomes = ep.sent
+    assert isinstance(error, wire.Error) and error.seq == 99
+    assert isinstance(outcomes, wire.Outcomes) and outcomes.batch_id == 3 and outcomes.items == []
