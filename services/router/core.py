@@ -102,6 +102,7 @@ class CoreConfig:
     target_wait: float = 30.0      # seconds a sequence waits for a live target before it fails
     verify_inflight: int = 1       # verify batches out to one target at a time (0 = no limit); see _dispatch
     verify_hold: float = 5.0       # a batch out longer than this no longer holds the next one back
+    jit_linger: float = 0.05       # at most this long a free target waits for its sequences' JITs to land
 
 
 @dataclass(slots=True)
@@ -148,6 +149,9 @@ class RouterCore:
         self.times = Timings()
         self._sent_at: dict[int, tuple[float, int]] = {}   # verify batch id -> (sent at, positions)
         self._out: dict[Peer, dict[int, float]] = {}      # target -> its verify batches not answered yet (id -> sent at)
+        self._lingering: dict[Peer, float] = {}           # target -> since when it waits for JITs of its sequences
+        self._jit_sent: dict[int, float] = {}             # JIT batch id -> sent at
+        self._jit_latency = 0.02                          # EMA of a JIT's round trip, seconds (prior 20 ms)
         self.k = 0
         self.max_len = 0
         self.adaptive: dict[str, AdaptiveK] = {}  # per speculating mode, made at handshake (K known)
@@ -402,7 +406,8 @@ class RouterCore:
                 else:
                     self._next(req, out.accepted, out.token)
             if self.adaptive:
-                self._verify_line.observe(positions, roundtrip)
+                # the target's compute: a round trip also holds time queued behind prefills, which K does not change
+                self._verify_line.observe(positions, msg.elapsed_s, roundtrip - msg.elapsed_s)
         elif isinstance(msg, wire.Prefilled):
             blocks = {seq: block for seq, *block in msg.features}
             for seq, token in msg.items:
@@ -439,6 +444,9 @@ class RouterCore:
                 entries = {(e.accepted, e.token): CacheEntry(e.tokens, e.proposal) for e in msg.entries}
                 self.cache.publish(msg.seq, msg.round, entries)
         elif isinstance(msg, wire.JitResult):
+            sent = self._jit_sent.pop(msg.batch_id, None)
+            if sent is not None:
+                self._jit_latency = 0.9 * self._jit_latency + 0.1 * (time.monotonic() - sent)
             steps = max((len(tokens) for _, tokens, _ in msg.items), default=0)   # K of this JIT, not the draft's
             if steps:
                 self.timings.observe_draft_step(len(msg.items), msg.elapsed_s / steps)
@@ -654,10 +662,20 @@ class RouterCore:
             self._jit_pending = []
             for d, items in jits.items():
                 for run in features.runs(items):
-                    d.send(wire.Jit(next(self._batches), run))
+                    batch_id = next(self._batches)
+                    self._jit_sent[batch_id] = time.monotonic()
+                    if len(self._jit_sent) > 4096:   # answers lost with a draft that died: forget the oldest
+                        del self._jit_sent[next(iter(self._jit_sent))]
+                    d.send(wire.Jit(batch_id, run))
         ready = [r for r in self.active.values() if r.phase is Phase.READY and not self._target_busy(r.target)]
         if not ready:
             return
+        if self.cfg.jit_linger > 0:
+            jit_targets = {r.target for r in self.active.values() if r.phase is Phase.JIT}
+            waiting = {t for t in {r.target for r in ready} if t in jit_targets and self._linger(t)}
+            ready = [r for r in ready if r.target not in waiting]
+            if not ready:
+                return
         self._adapt()
         verifies: dict[Peer, list] = {}
         rounds: dict[Peer, list] = {}
@@ -670,6 +688,7 @@ class RouterCore:
                 rounds.setdefault(r.draft, []).append(wire.DraftRoundItem(r.seq, r.round + 1, self._delta(r), r.spec,
                                                                           self._take_features(r)))
         for t, items in verifies.items():
+            self._lingering.pop(t, None)
             batch_id = next(self._batches)
             now = time.monotonic()
             self._sent_at[batch_id] = (now, sum(len(it.tokens) + 1 for it in items))
@@ -697,6 +716,18 @@ class RouterCore:
             log.debug("verify batch %d to %s unanswered for %.1f s: no longer holding sequences back", batch_id,
                       target.address, now - out.pop(batch_id))
         return len(out) >= limit
+
+    def _linger(self, target: Peer) -> bool:
+        """Whether free `target` should wait before verifying what is ready, because some of its sequences wait
+        for a JIT: sent now, those would go in a batch of their own once it lands, and the two groups would stay
+        apart (each a forward every round: the sequences a verify answers need a JIT before they are ready again,
+        the others are ready first). Waiting about one JIT round trip (measured; at most `jit_linger`) lets them
+        go together."""
+        now = time.monotonic()
+        since = self._lingering.setdefault(target, now)
+        if now - since < min(self.cfg.jit_linger, 1.5 * self._jit_latency):
+            return True
+        return False
 
     def _adapt(self) -> None:
         """The adaptive policy's K per mode for the current batch size (logged and exported when it changes)."""

@@ -6,8 +6,9 @@ Contract
   - ``observe_round(offered, accepted)``: one verification of ``offered`` draft tokens (from the draft:
     cache entries or JIT, not n-gram) of which the first ``accepted`` were accepted. Kept per position as
     the conditional acceptance ``a_i = P(token i accepted | tokens 1..i-1 accepted)``, an EMA with a prior.
-  - ``observe_verify(tokens, seconds)``: one verify batch of ``tokens`` positions (sum over its sequences of
-    drafted + 1) and its round trip as the router saw it, kept in a ``CostTable``: the measured mean at each
+  - ``observe_verify(tokens, seconds, overhead)``: one verify batch of ``tokens`` positions (sum over its
+    sequences of drafted + 1), the target's compute for it and what the round trip took beyond that, kept in a
+    ``CostTable``: the measured mean at each
     n seen recently, a line ``t_v(n) = c0 + c1 n`` (``LinearEma``) for the others. A table, because the cost
     is not a line in n on a CPU: a 2-row matmul can cost what a 1-row one does and a 3-row one half again
     (ssd/models/linear.py), and that step decides between K = 1 and K = 3 at batch 1.
@@ -48,7 +49,8 @@ __all__ = ["AdaptiveK", "CostTable"]
 
 class CostTable:
     """Seconds of a verify against the positions n it holds: a decayed mean per n measured at least `trusted`
-    times within the last `max_age` observations, otherwise the least-squares line over all of them."""
+    times within the last `max_age` observations, otherwise the least-squares line over all of them; plus the
+    mean overhead of a round trip beyond the target's compute."""
 
     def __init__(self, line: LinearEma | None = None, decay: float = 0.9, trusted: float = 2.0,
                  max_age: int = 2000):
@@ -58,8 +60,14 @@ class CostTable:
         self._weight: dict[int, float] = {}
         self._seen: dict[int, int] = {}
         self._clock = 0
+        self.overhead = 0.0
 
-    def observe(self, n: int, seconds: float) -> None:
+    def observe(self, n: int, seconds: float, overhead: float | None = None) -> None:
+        """`seconds`: the target's compute for a verify of `n` positions; `overhead`: what its round trip took
+        beyond that (router hop and ZeroMQ, capped at `seconds`: time queued behind a prefill is not the verify's
+        and does not depend on K), kept as one mean that every prediction adds."""
+        if overhead is not None:
+            self.overhead = self.decay * self.overhead + (1 - self.decay) * min(max(overhead, 0.0), seconds)
         self.line.observe(n, seconds)
         self._clock += 1
         w = self.decay * self._weight.get(n, 0.0) if self._fresh(n) else 0.0
@@ -72,8 +80,8 @@ class CostTable:
     def predict(self, n: float) -> float:
         n_int = int(n)
         if n_int == n and self._fresh(n_int) and self._weight[n_int] >= self.trusted:
-            return self._mean[n_int]
-        return self.line.predict(n)
+            return self._mean[n_int] + self.overhead
+        return self.line.predict(n) + self.overhead
 
     def coefficients(self) -> tuple[float, float]:
         return self.line.coefficients()
@@ -120,9 +128,9 @@ class AdaptiveK:
                 break
             self.acceptance[i] = d * self.acceptance[i] + (1 - d) * (1.0 if accepted > i else 0.0)
 
-    def observe_verify(self, tokens: int, seconds: float) -> None:
+    def observe_verify(self, tokens: int, seconds: float, overhead: float | None = None) -> None:
         if tokens > 0 and seconds > 0:
-            self.verify.observe(tokens, seconds)
+            self.verify.observe(tokens, seconds, overhead)
 
     def observe_draft_step(self, batch: int, seconds: float) -> None:
         if batch > 0 and seconds > 0:
@@ -177,5 +185,6 @@ class AdaptiveK:
         return {"k": self.choose(batch), "acceptance": [round(a, 3) for a in self.acceptance],
                 "hit": round(self.hit, 3), "verify": self.verify.coefficients(),
                 "verify_table": {n: round(t, 4) for n, t in self.verify.table().items()},
+                "verify_overhead": round(self.verify.overhead, 4),
                 "draft_step": self.draft_step.coefficients(),
                 "throughput": [round(self.throughput(max(1, batch), k), 2) for k in range(self.k_max + 1)]}

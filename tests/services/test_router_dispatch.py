@@ -159,3 +159,74 @@ def test_target_answers_a_verify_none_of_whose_items_could_run(default_models):
     error, outcomes = ep.sent
     assert isinstance(error, wire.Error) and error.seq == 99
     assert isinstance(outcomes, wire.Outcomes) and outcomes.batch_id == 3 and outcomes.items == []
+
+
+def make_sd_core(**cfg) -> RouterCore:
+    core = RouterCore(CoreConfig(mode="sd", adaptive=False, **cfg), ["tcp://127.0.0.1:9"], ["tcp://127.0.0.1:10"],
+                      "h", [2])
+    core.sent = []
+    for peer in (*core.targets, *core.drafts):
+        peer.ready, peer.alive = ready(peer.role), True
+        peer.send = lambda msg: core.sent.append(msg) or True
+    core.handshake()
+    return core
+
+
+def sd_admit(core) -> object:
+    req = core.submit(f"s{len(core.active)}", [5, 6, 7], SamplingParams(max_tokens=40), mode="sd")
+    core._take_new()
+    take(core, wire.Prefill)
+    core._on_target(core.targets[0], wire.Prefilled([(req.seq, 9)], 0.01, []))
+    take(core, wire.DraftAdd)
+    return req
+
+
+def jit_answer(core, jit):
+    core._on_draft(core.drafts[0], wire.JitResult(jit.batch_id, [(it.seq, [11, 12, 13], None) for it in jit.items],
+                                                  0.005))
+
+
+def test_a_free_target_waits_for_the_jits_of_its_other_sequences_so_both_groups_verify_together():
+    """SD: the sequences a verify answers need a JIT before they are ready again, while those that waited are
+    ready at once. Sending those at once would keep the two groups apart for good."""
+    core = make_sd_core()
+    try:
+        a = sd_admit(core)
+        core._dispatch()
+        jit_answer(core, take(core, wire.Jit)[0])
+        core._dispatch()
+        (va,), = [take(core, wire.Verify)]
+        b = sd_admit(core)                   # out of step: joins while a's verify is out
+        core._dispatch()
+        jit_answer(core, take(core, wire.Jit)[0])
+        core._dispatch()
+        assert not take(core, wire.Verify)   # held: the target is busy
+        answer(core, va)                     # a is answered and needs a JIT; b is ready and the target is free
+        core._dispatch()
+        (jit,), = [take(core, wire.Jit)]
+        assert b.phase is Phase.READY and not take(core, wire.Verify)   # the target waits for a's JIT
+        jit_answer(core, jit)
+        core._dispatch()
+        (both,), = [take(core, wire.Verify)]
+        assert sorted(it.seq for it in both.items) == sorted([a.seq, b.seq])
+    finally:
+        core._shutdown()
+
+
+def test_the_wait_for_jits_is_bounded():
+    core = make_sd_core(jit_linger=0.03)
+    try:
+        a = sd_admit(core)
+        core._dispatch()
+        take(core, wire.Jit)                 # a's JIT never comes back
+        b = sd_admit(core)
+        core._dispatch()
+        jit_answer(core, take(core, wire.Jit)[0])
+        core._dispatch()
+        assert not take(core, wire.Verify)
+        time.sleep(0.06)
+        core._dispatch()
+        (v,), = [take(core, wire.Verify)]
+        assert [it.seq for it in v.items] == [b.seq] and a.phase is Phase.JIT
+    finally:
+        core._shutdown()

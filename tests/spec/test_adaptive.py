@@ -129,3 +129,12 @@ def test_explore_runs_neighbours_in_turn_every_explore_every_rounds():
     assert [a.explore(8, 2) for _ in range(4)] == [3, 1, 3, 1]
     assert a.explore(8, 4) == 3 and a.explore(8, 4) == 3      # no neighbour above K max
     assert AdaptiveK(3, explore_every=0).explore(100, 2) is None
+
+
+def test_cost_table_adds_the_mean_overhead_capped_at_the_compute():
+    t = CostTable(decay=0.5)
+    for _ in range(20):
+        t.observe(4, 0.05, overhead=0.01)
+    assert t.predict(4) == pytest.approx(0.06, rel=1e-3)
+    t.observe(4, 0.05, overhead=5.0)       # queued behind a long prefill: counts as at most the compute
+    assert t.overhead == pytest.approx(0.5 * 0.01 + 0.5 * 0.05, rel=1e-3)
