@@ -18,7 +18,6 @@ from ssd.client import Client
 from ssd.launcher import Stack, StackConfig
 from ssd.prompts import PROMPTS_BY_KIND
 
-MODES = ("ar", "sd", "ssd", "ssd-auto")  # sd and ssd pin K (speculation.k); ssd-auto lets the router adapt it
 
 
 def _totals(client: Client) -> dict:
@@ -74,33 +73,49 @@ def run_mode(client: Client, prompts: list[str], mode: str, batch: int, new_toke
     return row
 
 
+def summary_row(per: dict) -> dict:
+    """One batch size's row from its runs (`run_mode` rows keyed "ar", "sd<K>", "ssd<K>", "ssd-auto"): the best
+    fixed K of SD and of SSD, and the adaptive setting against the best fixed one, AR and the best SD."""
+    tok = {name: r["tok_s"] for name, r in per.items()}
+    best_sd = max((n for n in tok if n.startswith("sd")), key=tok.get)
+    best_ssd = max((n for n in tok if n.startswith("ssd") and n != "ssd-auto"), key=tok.get)
+    ar, auto = tok["ar"], tok["ssd-auto"]
+    best_fixed = max(ar, tok[best_sd], tok[best_ssd])
+    s = per[best_ssd]
+    return {"ar_tok_s": ar, "sd_tok_s": tok[best_sd], "sd_k": int(best_sd[2:]), "ssd_tok_s": tok[best_ssd],
+            "ssd_k": int(best_ssd[3:]), "ssd_auto_tok_s": auto, "tok_s": tok,
+            "auto_over_best_fixed": auto / best_fixed, "auto_over_ar": auto / ar, "auto_over_sd": auto / tok[best_sd],
+            "auto_tokens_per_round": per["ssd-auto"]["tokens_per_round"], "ssd_over_sd": tok[best_ssd] / tok[best_sd],
+            "ssd_over_ar": tok[best_ssd] / ar, "sd_over_ar": tok[best_sd] / ar, "hit_rate": s["hit_rate"],
+            "late_rate": s["late_rate"], "acceptance": s["acceptance"], "tokens_per_round": s["tokens_per_round"],
+            "bound_fraction": tok[best_ssd] / s["bound_tok_s"] if s["bound_tok_s"] else 0.0,
+            "overhead_fraction": s["overhead_fraction"], "modes": per}
+
+
 def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: int = 3, models_dir=None,
-          draft_model=None, out: Path | None = None, log=print) -> dict:
-    prompts = [p for _, p in PROMPTS_BY_KIND[:n_prompts]]
-    cfg = StackConfig(mode="ssd", drafts=1, models_dir=models_dir, draft_model=draft_model, k=k,
+          draft_model=None, out: Path | None = None, log=print, ks=None) -> dict:
+    """`ks`: the fixed K values SD and SSD run at (default: just `k`); the stack's draft speculates up to the
+    largest. Each batch size runs max(n_prompts, batch) prompts."""
+    ks = tuple(sorted(set(ks or (k,))))
+    prompts_all = [p for _, p in PROMPTS_BY_KIND]
+    cfg = StackConfig(mode="ssd", drafts=1, models_dir=models_dir, draft_model=draft_model, k=max(ks),
                       max_batch=max(batches), target_cpus="0", draft_cpus="1", threads=1,
                       log_dir=Path("bench/results/logs"))
+    modes = [("ar", 0)] + [(m, kk) for kk in ks for m in ("sd", "ssd")] + [("ssd-auto", 0)]
     rows: dict = {}
     with Stack(cfg) as stack, Client(stack.grpc_address, timeout=3600) as client:
-        client.generate(prompts[0], chat=True, max_tokens=4, mode="ssd")  # warm-up
+        client.generate(prompts_all[0], chat=True, max_tokens=4, mode="ssd")  # warm-up
         for b in batches:
-            per = {m: run_mode(client, prompts, m, b, new_tokens, k) for m in MODES}
-            ar, sd, ssd, auto = (per[m]["tok_s"] for m in MODES)
-            s = per["ssd"]
-            rows[str(b)] = {"ar_tok_s": ar, "sd_tok_s": sd, "ssd_tok_s": ssd, "ssd_auto_tok_s": auto,
-                            "auto_over_best_fixed": auto / max(ar, sd, ssd),
-                            "auto_tokens_per_round": per["ssd-auto"]["tokens_per_round"], "ssd_over_sd": ssd / sd,
-                            "ssd_over_ar": ssd / ar, "sd_over_ar": sd / ar, "hit_rate": s["hit_rate"],
-                            "late_rate": s["late_rate"], "acceptance": s["acceptance"],
-                            "tokens_per_round": s["tokens_per_round"],
-                            "bound_fraction": ssd / s["bound_tok_s"] if s["bound_tok_s"] else 0.0,
-                            "overhead_fraction": s["overhead_fraction"], "modes": per}
-            log(f"batch {b}: AR {ar:.1f}  SD {sd:.1f}  SSD {ssd:.1f}  SSD-adaptive {auto:.1f} tok/s  "
-                f"(adaptive/best fixed {auto / max(ar, sd, ssd):.2f}; SSD/SD {ssd / sd:.2f}, "
-                f"SSD/AR {ssd / ar:.2f}; hit {s['hit_rate']:.2f}, late {s['late_rate']:.2f}, a {s['acceptance']:.2f}, "
-                f"overhead {s['overhead_fraction']:.3f})")
+            prompts = [prompts_all[i % len(prompts_all)] for i in range(max(n_prompts, b))]
+            per = {(m if m in ("ar", "ssd-auto") else f"{m}{kk}"): run_mode(client, prompts, m, b, new_tokens, kk)
+                   for m, kk in modes}
+            r = rows[str(b)] = summary_row(per)
+            log(f"batch {b}: " + "  ".join(f"{n} {v:.1f}" for n, v in r["tok_s"].items()) +
+                f" tok/s (adaptive/best fixed {r['auto_over_best_fixed']:.2f}, adaptive/AR {r['auto_over_ar']:.2f}, "
+                f"adaptive/best SD {r['auto_over_sd']:.2f}; ssd{r['ssd_k']}: hit {r['hit_rate']:.2f}, "
+                f"late {r['late_rate']:.2f}, a {r['acceptance']:.2f}, overhead {r['overhead_fraction']:.3f})")
     result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "new_tokens": new_tokens,
-              "prompts": n_prompts, "k": k, "draft": str(draft_model or "default"),
+              "prompts": n_prompts, "k": max(ks), "ks": list(ks), "draft": str(draft_model or "default"),
               "pinning": "target cpu 0, draft cpu 1, 1 torch thread each; router unpinned", "batch": rows}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -109,12 +124,13 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
 
 
 def markdown(result: dict) -> str:
-    lines = ["| batch | AR tok/s | SD tok/s | SSD tok/s | SSD adaptive tok/s | adaptive / best fixed | SSD/SD | SSD/AR | "
-             "a | tokens/round | hit | late | bound frac | overhead |", "|" + "---|" * 14]
+    lines = ["| batch | AR tok/s | best SD tok/s (K) | best SSD tok/s (K) | SSD adaptive tok/s | adaptive / best fixed | "
+             "adaptive / AR | adaptive / best SD | a | tokens/round | hit | late | overhead |", "|" + "---|" * 13]
     for b, r in result["batch"].items():
-        lines.append(f"| {b} | {r['ar_tok_s']:.1f} | {r['sd_tok_s']:.1f} | {r['ssd_tok_s']:.1f} | "
+        sd_k, ssd_k = r.get("sd_k", result["k"]), r.get("ssd_k", result["k"])
+        lines.append(f"| {b} | {r['ar_tok_s']:.1f} | {r['sd_tok_s']:.1f} ({sd_k}) | {r['ssd_tok_s']:.1f} ({ssd_k}) | "
                      f"{r['ssd_auto_tok_s']:.1f} | {r['auto_over_best_fixed']:.2f} | "
-                     f"{r['ssd_over_sd']:.2f} | {r['ssd_over_ar']:.2f} | {r['acceptance']:.2f} | "
-                     f"{r['tokens_per_round']:.2f} | {r['hit_rate']:.2f} | {r['late_rate']:.2f} | "
-                     f"{r['bound_fraction']:.2f} | {r['overhead_fraction']:.3f} |")
+                     f"{r['ssd_auto_tok_s'] / r['ar_tok_s']:.2f} | {r['ssd_auto_tok_s'] / r['sd_tok_s']:.2f} | "
+                     f"{r['acceptance']:.2f} | {r['tokens_per_round']:.2f} | {r['hit_rate']:.2f} | "
+                     f"{r['late_rate']:.2f} | {r['overhead_fraction']:.3f} |")
     return "\n".join(lines)

@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompts", type=int, default=16)
     b.add_argument("--batches", default="1,2,4,8")
     b.add_argument("--k", type=int, default=3)
+    b.add_argument("--ks", default="", help="fixed K values for SD and SSD, e.g. 1,2,3 (default: --k)")
     b.add_argument("--models-dir", type=Path, default=None)
     b.add_argument("--draft", type=Path, default=None, help="draft model folder (default: the embedded draft)")
     b.add_argument("--out", type=Path, default=Path("bench/results/ssd.json"))
@@ -345,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         from ssd.bench import bench, markdown
 
         result = bench(args.new_tokens, args.prompts, tuple(int(x) for x in args.batches.split(",")), args.k,
-                       args.models_dir, args.draft, args.out)
+                       args.models_dir, args.draft, args.out,
+                       ks=tuple(int(x) for x in args.ks.split(",")) if args.ks else None)
         print(markdown(result))
         return 0
     return cmd_generate(args) if args.local else cmd_remote_generate(args)
