@@ -126,6 +126,8 @@ class RouterCore:
             raise ValueError(f"mode {cfg.mode} needs a draft address")
         if cfg.verify_inflight < 0:
             raise ValueError(f"verify_inflight must be >= 0 (0 = no limit), got {cfg.verify_inflight}")
+        if cfg.jit_linger < 0:
+            raise ValueError(f"jit_linger must be >= 0 seconds (0 = never wait), got {cfg.jit_linger}")
         drafts = drafts if cfg.mode != "ar" else []
         self.cfg = cfg
         self.backup = BackupPolicy(cfg.backup)

@@ -71,6 +71,9 @@ class RouterConfig:
     verify_inflight: int = field(default=1, metadata={
         "help": "verify batches out to one target at a time: sequences that become ready meanwhile wait and go "
                 "together in the next one (0 = send each at once)"})
+    jit_linger: float = field(default=0.05, metadata={
+        "help": "seconds a free target waits, at most, for JITs of its sequences so they verify with the ones "
+                "ready (about one JIT round trip, measured; 0 = never wait)"})
     ready_timeout: float = field(default=180.0, metadata={"help": "seconds to wait for the workers at start"})
     state_redis_url: str = field(default="", metadata={
         "help": "Redis URL of the request-state journal: streams survive a router failure and several routers "
@@ -318,11 +321,15 @@ def run(cfg: RouterConfig) -> int:
         log.error("%s", e)
         return 2
     static = (list(cfg.targets), list(cfg.drafts)) if discovery is None else ([], [])
-    core = RouterCore(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
-                                 cfg.ready_timeout, cfg.adaptive, cfg.probe_every,
-                                 verify_inflight=cfg.verify_inflight),
-                      *static, tok.fingerprint, tok.eos_token_ids, discovery=discovery,
-                      curve=curve)
+    try:
+        core = RouterCore(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
+                                     cfg.ready_timeout, cfg.adaptive, cfg.probe_every,
+                                     verify_inflight=cfg.verify_inflight, jit_linger=cfg.jit_linger),
+                          *static, tok.fingerprint, tok.eos_token_ids, discovery=discovery,
+                          curve=curve)
+    except ValueError as e:   # a setting out of range: say which, exit 2 like any other bad flag
+        log.error("%s", e)
+        return 2
     metrics = RouterMetrics()
     core.metrics = metrics
     frontend = Frontend(core, tok, Limits(cfg.max_tokens_default, cfg.max_tokens_limit))

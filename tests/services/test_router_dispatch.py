@@ -230,3 +230,9 @@ def test_the_wait_for_jits_is_bounded():
         assert [it.seq for it in v.items] == [b.seq] and a.phase is Phase.JIT
     finally:
         core._shutdown()
+
+
+@pytest.mark.parametrize("setting", [{"verify_inflight": -1}, {"jit_linger": -0.1}])
+def test_out_of_range_dispatch_settings_are_refused_with_their_name(setting):
+    with pytest.raises(ValueError, match=next(iter(setting))):
+        RouterCore(CoreConfig(mode="ar", **setting), ["tcp://127.0.0.1:9"], [], "h", [2])

@@ -36,25 +36,41 @@ def active(address):
     return describe(address).active_sequences
 
 
+def wait_active(addresses, timeout=60.0) -> list[int]:
+    """Active sequences on each worker, polled while streams run until every one holds some (or `timeout`
+    passes): a fixed delay can come after short streams have finished."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = [active(a) for a in addresses]
+        if all(counts) or time.monotonic() > deadline:
+            return counts
+        time.sleep(0.05)
+
+
 def test_sequences_spread_over_both_targets_and_drafts(pool, chat_prompts, ar_reference):
     seen = {}
 
     def sample_load():
-        time.sleep(3)
-        seen["t"] = [active(a) for a in pool.target_control]
-        seen["d"] = [active(a) for a in pool.draft_control]
+        seen["t"] = wait_active(pool.target_control)
+        seen["d"] = wait_active(pool.draft_control)
 
     assert run_streams(pool.grpc_address, chat_prompts, 8, 32, sample_load) == ar_reference[:8]
     assert all(n > 0 for n in seen["t"]) and all(n > 0 for n in seen["d"]), seen
 
 
 def test_draft_replica_killed_while_8_streams_run(pool, chat_prompts, ar_reference):
+    held = {}
+
     def kill():
-        time.sleep(3)
+        held["at_kill"], = wait_active([pool.draft_control[1]])
         pool.kill("draft1", signal.SIGKILL)
 
     assert run_streams(pool.grpc_address, chat_prompts, 8, 32, kill) == ar_reference[:8]
+    assert held["at_kill"] > 0   # the kill caught sequences on draft1
     with Client(pool.grpc_address) as client:
+        deadline = time.monotonic() + 10   # the router marks a worker dead 2 s after its last message
+        while len(client.server_info().drafts) > 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert client.server_info().drafts == [pool.draft_data[0]]
 
 
@@ -69,18 +85,24 @@ def test_added_draft_receives_sequences(pool, chat_prompts, ar_reference):
     seen = {}
 
     def sample():
-        time.sleep(3)
-        seen["d1"] = active(pool.draft_control[1])
+        seen["d1"], = wait_active([pool.draft_control[1]])
 
     assert run_streams(pool.grpc_address, chat_prompts, 6, 32, sample) == ar_reference[:6]
     assert seen["d1"] > 0
 
 
 def test_target_killed_requests_complete_on_the_other(pool, chat_prompts, ar_reference):
-    def kill():
-        time.sleep(4)
+    held = {}
+
+    def kill():   # as soon as target1 holds sequences mid-generation
+        held["at_kill"], = wait_active([pool.target_control[1]])
+        time.sleep(0.3)
         pool.kill("target1", signal.SIGKILL)
 
     assert run_streams(pool.grpc_address, chat_prompts, 8, 32, kill) == ar_reference[:8]
     with Client(pool.grpc_address) as client:
+        deadline = time.monotonic() + 10   # the streams can finish before the 2 s liveness limit runs out
+        while len(client.server_info().targets) > 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert client.server_info().targets == [pool.target_data[0]]
+    assert held["at_kill"] > 0   # the kill did catch sequences on target1

@@ -9,6 +9,7 @@ import zmq
 
 from ssd import wire
 from ssd.client import Client
+from ssd.control import describe
 
 
 
@@ -39,12 +40,20 @@ def test_draft_killed_mid_generation_output_unchanged_and_restart_picked_up(stac
     threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    time.sleep(2.0)
+    deadline = time.monotonic() + 60   # kill it while it holds sequences mid-generation
+    while describe(stack.draft_control[0]).active_sequences == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    held = describe(stack.draft_control[0]).active_sequences
     stack.kill("draft0", signal.SIGKILL)
     for t in threads:
         t.join(timeout=240)
+    assert held > 0   # the kill caught sequences on the draft
     assert [outputs[i] for i in range(4)] == ar_reference[:4]
-    assert client.server_info().drafts == []  # noticed within a second or two
+    deadline = time.monotonic() + 10   # the router marks a worker dead 2 s after its last message
+    while client.server_info().drafts and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert client.server_info().drafts == []
 
     stack.procs["draft0"].wait()
     stack.start_draft(0)
