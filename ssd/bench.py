@@ -19,7 +19,6 @@ from ssd.launcher import Stack, StackConfig
 from ssd.prompts import PROMPTS_BY_KIND
 
 
-
 def _totals(client: Client) -> dict:
     t = client.server_info().totals
     return {"rounds": t.rounds, "round_tokens": t.round_tokens, "accepted": list(t.accepted),
@@ -124,8 +123,9 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
 
 
 def markdown(result: dict) -> str:
-    lines = ["| batch | AR tok/s | best SD tok/s (K) | best SSD tok/s (K) | SSD adaptive tok/s | adaptive / best fixed | "
-             "adaptive / AR | adaptive / best SD | a | tokens/round | hit | late | overhead |", "|" + "---|" * 13]
+    lines = ["| batch | AR tok/s | best SD tok/s (K) | best SSD tok/s (K) | SSD adaptive tok/s | "
+             "adaptive / best fixed | adaptive / AR | adaptive / best SD | a | tokens/round | hit | late | overhead |",
+             "|" + "---|" * 13]
     for b, r in result["batch"].items():
         sd_k, ssd_k = r.get("sd_k", result["k"]), r.get("ssd_k", result["k"])
         lines.append(f"| {b} | {r['ar_tok_s']:.1f} | {r['sd_tok_s']:.1f} ({sd_k}) | {r['ssd_tok_s']:.1f} ({ssd_k}) | "

@@ -150,7 +150,7 @@ class RouterCore:
         self.metrics = metrics or RouterMetrics()
         self.times = Timings()
         self._sent_at: dict[int, tuple[float, int]] = {}   # verify batch id -> (sent at, positions)
-        self._out: dict[Peer, dict[int, float]] = {}      # target -> its verify batches not answered yet (id -> sent at)
+        self._out: dict[Peer, set[int]] = {}              # target -> its verify batches not answered yet
         self._lingering: dict[Peer, float] = {}           # target -> since when it waits for JITs of its sequences
         self._jit_sent: dict[int, float] = {}             # JIT batch id -> sent at
         self._jit_latency = 0.02                          # EMA of a JIT's round trip, seconds (prior 20 ms)
@@ -258,10 +258,10 @@ class RouterCore:
         self.max_len = min(p.ready.max_len for p in peers)
         self.timings = BackupTimings(k=max(1, self.k))
         if self.k and self.cfg.adaptive:
-            # One set of measurements serves both modes: the verify line here, the draft-step line of the backup
+            # One set of measurements serves both modes: the verify cost table here, the draft-step line of the backup
             # timings (both fed once per message).
-            self._verify_line = CostTable()
-            self.adaptive = {m: AdaptiveK(self.k, m, self.cfg.probe_every, verify=self._verify_line,
+            self._verify_cost = CostTable()
+            self.adaptive = {m: AdaptiveK(self.k, m, self.cfg.probe_every, verify=self._verify_cost,
                                           draft_step=self.timings.draft_step) for m in ("sd", "ssd")}
             self._choice = {m: self.k for m in self.adaptive}
         log.info("workers ready: targets %s (%s), drafts %s; mode %s, K=%d", [p.address for p in self.targets],
@@ -374,7 +374,7 @@ class RouterCore:
 
     def _on_target(self, peer: Peer, msg) -> None:
         if isinstance(msg, wire.Outcomes):
-            self._out.get(peer, {}).pop(msg.batch_id, None)
+            self._out.get(peer, set()).discard(msg.batch_id)
             if not msg.items:   # none of its items could run (each got an Error): nothing was verified
                 self._sent_at.pop(msg.batch_id, None)
                 return
@@ -409,7 +409,7 @@ class RouterCore:
                     self._next(req, out.accepted, out.token)
             if self.adaptive:
                 # the target's compute: a round trip also holds time queued behind prefills, which K does not change
-                self._verify_line.observe(positions, msg.elapsed_s, roundtrip - msg.elapsed_s)
+                self._verify_cost.observe(positions, msg.elapsed_s, roundtrip - msg.elapsed_s)
         elif isinstance(msg, wire.Prefilled):
             blocks = {seq: block for seq, *block in msg.features}
             for seq, token in msg.items:
@@ -692,9 +692,8 @@ class RouterCore:
         for t, items in verifies.items():
             self._lingering.pop(t, None)
             batch_id = next(self._batches)
-            now = time.monotonic()
-            self._sent_at[batch_id] = (now, sum(len(it.tokens) + 1 for it in items))
-            self._out.setdefault(t, {})[batch_id] = now
+            self._sent_at[batch_id] = (time.monotonic(), sum(len(it.tokens) + 1 for it in items))
+            self._out.setdefault(t, set()).add(batch_id)
             for it in items:
                 self.active[it.seq].verify_batch = batch_id
             t.send(wire.Verify(batch_id, items, any(self._wants_features(self.active[it.seq]) for it in items)))
@@ -714,9 +713,10 @@ class RouterCore:
         if not limit or not out:
             return False
         now = time.monotonic()
-        for batch_id in [b for b, sent in out.items() if now - sent > self.cfg.verify_hold]:
-            log.debug("verify batch %d to %s unanswered for %.1f s: no longer holding sequences back", batch_id,
-                      target.address, now - out.pop(batch_id))
+        for batch_id in [b for b in out if now - self._sent_at.get(b, (now,))[0] > self.cfg.verify_hold]:
+            out.discard(batch_id)
+            log.debug("verify batch %d to %s unanswered for over %.1f s: no longer holding sequences back", batch_id,
+                      target.address, self.cfg.verify_hold)
         return len(out) >= limit
 
     def _linger(self, target: Peer) -> bool:
@@ -727,9 +727,7 @@ class RouterCore:
         go together."""
         now = time.monotonic()
         since = self._lingering.setdefault(target, now)
-        if now - since < min(self.cfg.jit_linger, 1.5 * self._jit_latency):
-            return True
-        return False
+        return now - since < min(self.cfg.jit_linger, 1.5 * self._jit_latency)
 
     def _adapt(self) -> None:
         """The adaptive policy's K per mode for the current batch size (logged and exported when it changes)."""
