@@ -5,9 +5,12 @@
    and with the CUDA-graph decode step). fp32 CUDA must give the CPU's tokens; bf16 differences are reported.
 2. bandwidth bound: device-to-device copy bandwidth, and the AR decode step of the Qwen3-8B-size model in bf16 at
    batch 1, 8 and 32 (eager and CUDA graph) against weight bytes / bandwidth.
-3. SSD in two processes sharing the GPU: the 8B-size target here, a 2-layer draft (the target's embedding, first
-   two layers, norm and output layer) in a child process, ssd.wire messages over a pipe, the draft speculating
-   while the target verifies; greedy output compared with the target alone (AR), tokens/s of both.
+3. speculation with every engine on its CUDA graphs (decode, verify and branch steps): the 8B-size target
+   against a 2-layer draft (its own embedding, first two layers, norm and output layer), AR, SD (the draft in
+   this process) and SSD (the draft in a second process sharing the GPU, ssd.wire messages over a pipe,
+   speculating while the target verifies). The target's later layers are scaled by --deep-scales, which sets
+   how often the draft agrees. fp32 first: SD and SSD must give AR's tokens on the device too; then bf16
+   tokens/s at batch 1 for each scale and at batch 4 and 16 for the middle one.
 Prints a short table last and writes gpu_check.json under $OUT (or --out). Exits 0 with a message when there
 is no CUDA device. `--smoke` runs tiny configs (CPU allowed, no graphs) to check the script itself.
 """
@@ -51,8 +54,10 @@ SMOKE = {
 }
 
 
-def random_model(cfg: ModelConfig, device, dtype) -> Decoder:
-    """Weights drawn per parameter name (so a model with fewer layers shares the others' weights exactly)."""
+def random_model(cfg: ModelConfig, device, dtype, deep_scale: float = 1.0, keep: int = 2) -> Decoder:
+    """Weights drawn per parameter name (so a model with fewer layers shares the others' weights exactly).
+    `deep_scale` scales what layers `keep`.. add to the residual stream (their o and down projections): a
+    model of the first `keep` layers then agrees with this one more often the smaller it is (0: always)."""
     with torch.device("meta"):
         model = Decoder(cfg)
     model = model.to_empty(device=device)
@@ -63,6 +68,9 @@ def random_model(cfg: ModelConfig, device, dtype) -> Decoder:
             w = 1.0 + 0.1 * w
         else:
             w = w * (0.02 if "embed" not in name else 1.0)
+        if deep_scale != 1.0 and name.startswith("layers.") and int(name.split(".")[1]) >= keep \
+                and name.endswith(("o_weight", "down_weight")):
+            w = w * deep_scale
         p.data = w.to(dtype)
         del w
     model._rope = None
@@ -91,18 +99,14 @@ def prompts_for(cfg: ModelConfig, batch: int, length: int, seed: int = 7) -> lis
 
 @torch.inference_mode()
 def greedy(model: Decoder, prompts: list[list[int]], steps: int, graph: str = "off"):
-    """Prefill, then `steps` greedy decode steps; graph: off (ordinary forward), eager (the static decode step
-    run eagerly) or on (CUDA graph). Returns tokens per row and the first step's logits (float32, CPU)."""
-    from ssd.models.cuda_graph import DecodeGraph
+    """Prefill, then `steps` greedy decode steps; graph: off (ordinary forward), eager (the static step run
+    eagerly) or on (CUDA graph). Returns tokens per row and the first step's logits (float32, CPU)."""
+    from ssd.models.cuda_graph import GraphRunner
     dev = model.embed.device
     B = len(prompts)
     max_len = max(len(p) for p in prompts) + steps + 2
-    cache = model.make_cache(B, max_len, num_blocks=B * blocks_for(max_len, DEFAULT_BLOCK_SIZE) + 1)
-    dg = None
-    if graph != "off":
-        dg = DecodeGraph(model, cache, B)
-        if graph == "on":
-            dg.capture()
+    cache = model.make_cache(B, max_len, num_blocks=B * blocks_for(max_len, DEFAULT_BLOCK_SIZE))
+    forward = model if graph == "off" else GraphRunner(model, cache, B, graphs=graph == "on")
     slots = list(range(B))
     h = model(ForwardBatch.ragged(prompts, [0] * B, slots, dev), cache)
     last = torch.tensor([len(p) - 1 for p in prompts], device=dev)
@@ -111,10 +115,7 @@ def greedy(model: Decoder, prompts: list[list[int]], steps: int, graph: str = "o
     toks, pos, out = logits.argmax(-1).tolist(), [len(p) for p in prompts], []
     out.append(toks)
     for _ in range(steps):
-        if dg is None:
-            logits = model.logits(model(ForwardBatch.ragged([[t] for t in toks], pos, slots, dev), cache)[:, -1])
-        else:
-            logits = dg.step(toks, pos, slots, graph=graph == "on")
+        logits = model.logits(forward(ForwardBatch.ragged([[t] for t in toks], pos, slots, dev), cache)[:, -1])
         toks, pos = logits.argmax(-1).tolist(), [p + 1 for p in pos]
         out.append(toks)
     return [list(r) for r in zip(*out)], first
@@ -132,11 +133,11 @@ def check_correctness(configs: dict, device: str, steps: int, smoke: bool) -> li
         del cpu
         variants = [] if big else [("fp32", torch.float32, "off")]
         variants += [("bf16", torch.bfloat16, "off")]
+        if device == "cuda" or smoke:
+            variants += [("bf16+static", torch.bfloat16, "eager")]
         if device == "cuda":
             variants += [("bf16+graph", torch.bfloat16, "on")]
-        elif smoke:
-            variants += [("bf16+static", torch.bfloat16, "eager")]
-        eager_bf16 = None
+        static_bf16 = None
         for label, dtype, graph in variants:
             model = src if src.embed.dtype == dtype else copy_model(src, device, dtype)
             tokens, logits = greedy(model, prompts, steps, graph)
@@ -146,10 +147,10 @@ def check_correctness(configs: dict, device: str, steps: int, smoke: bool) -> li
                    "max_abs_logit_diff": round(float((logits - ref_logits).abs().max()), 5),
                    "first_step_argmax_equal": bool(torch.equal(logits.argmax(-1), ref_logits.argmax(-1)))}
             row["ok"] = same == total if label == "fp32" else None   # bf16: reported, not required
-            if label == "bf16+graph":   # the graph must reproduce the eager bf16 tokens exactly
-                row["ok"] = tokens == eager_bf16
-            if label == "bf16":
-                eager_bf16 = tokens
+            if label == "bf16+graph":   # the graph must reproduce its static steps run eagerly, token for token
+                row["ok"] = tokens == static_bf16
+            if label == "bf16+static":
+                static_bf16 = tokens
             rows.append(row)
             print(f"correctness {row}", flush=True)
             if model is not src:
@@ -181,7 +182,7 @@ def copy_bandwidth(device: str, nbytes: int = 2 << 30) -> float:
 @torch.inference_mode()
 def time_decode(model: Decoder, batches: list[int], bandwidth: float, prompt_len: int, reps: int,
                 graphs: bool) -> list[dict]:
-    from ssd.models.cuda_graph import DecodeGraph
+    from ssd.models.cuda_graph import GraphRunner
     dev = model.embed.device
     weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n != "embed")
     if model.lm_head is None:
@@ -192,8 +193,8 @@ def time_decode(model: Decoder, batches: list[int], bandwidth: float, prompt_len
         prompts = prompts_for(model.cfg, B, prompt_len, seed=B)
         max_len = max(len(p) for p in prompts) + 2 * reps + 8
         for mode in (["eager", "graph"] if graphs else ["eager"]):
-            cache = model.make_cache(B, max_len, num_blocks=B * blocks_for(max_len, DEFAULT_BLOCK_SIZE) + 1)
-            dg = DecodeGraph(model, cache, B).capture() if mode == "graph" else None
+            cache = model.make_cache(B, max_len, num_blocks=B * blocks_for(max_len, DEFAULT_BLOCK_SIZE))
+            forward = GraphRunner(model, cache, B, graphs=True) if mode == "graph" else model
             slots = list(range(B))
             h = model(ForwardBatch.ragged(prompts, [0] * B, slots, dev), cache)
             toks = model.logits(h[:, -1]).argmax(-1).tolist()
@@ -202,11 +203,8 @@ def time_decode(model: Decoder, batches: list[int], bandwidth: float, prompt_len
             for i in range(reps + 3):
                 sync(dev)
                 t0 = time.perf_counter()
-                if dg is None:
-                    fb = ForwardBatch.ragged([[t] for t in toks], pos, slots, dev)
-                    logits = model.logits(model(fb, cache)[:, -1])
-                else:
-                    logits = dg.step(toks, pos, slots)
+                fb = ForwardBatch.ragged([[t] for t in toks], pos, slots, dev)
+                logits = model.logits(forward(fb, cache)[:, -1])
                 toks = logits.argmax(-1).tolist()   # the host needs the tokens: a real step syncs here
                 times.append(time.perf_counter() - t0)
                 pos = [p + 1 for p in pos]
@@ -214,19 +212,20 @@ def time_decode(model: Decoder, batches: list[int], bandwidth: float, prompt_len
             rows.append({"batch": B, "mode": mode, "step_ms": round(ms, 3), "tok_s": round(B * 1e3 / ms, 1),
                          "bound_ms": round(bound_ms, 3), "of_bound": round(bound_ms / ms, 3)})
             print(f"decode {rows[-1]}", flush=True)
-            del cache, dg
+            del cache, forward
     return rows
 
 
 # ---- SSD with the draft in a second process -------------------------------------------------------------
 
 def draft_process(conn, cfg_dict: dict, device: str, dtype_name: str, k: int, fanout: list[int], max_seqs: int,
-                  max_len: int) -> None:
+                  max_len: int, graphs: str = "auto") -> None:
     from ssd import wire
     from ssd.engine.draft import DraftParams, DraftWorker
     torch.set_num_threads(1)
     cfg = ModelConfig(**cfg_dict)
-    worker = DraftWorker(random_model(cfg, device, getattr(torch, dtype_name)), max_seqs, max_len, k, fanout)
+    worker = DraftWorker(random_model(cfg, device, getattr(torch, dtype_name)), max_seqs, max_len, k, fanout,
+                         cuda_graphs=graphs)
     conn.send_bytes(b"ready")
     while True:
         frames = conn.recv_bytes()
@@ -324,16 +323,27 @@ class RemoteDraft:
         return d
 
 
-def two_process_engine(target: Decoder, draft_cfg: ModelConfig, conn, k: int, max_batch: int, max_len: int):
+def two_process_engine(target: Decoder, draft_cfg: ModelConfig, conn, k: int, max_batch: int, max_len: int,
+                       graphs: str = "auto"):
     from ssd.engine.speculative import SpecConfig, SpeculativeEngine
+    from ssd.engine.target import TargetWorker
 
     class TwoProcessSSD(SpeculativeEngine):
         """SpeculativeEngine whose draft runs in another process, speculating while the target verifies."""
 
+        timing = {"rounds": 0, "verify_s": 0.0, "wait_s": 0.0, "draft_s": 0.0}
+
         def _speculate_and_verify(self, batch, items):
             self.draft.send_round([(it.seq_id, self._rounds[it.seq_id].round + 1, it.tokens) for it in items])
+            t0 = time.perf_counter()
             outcomes = self.target.verify(items)          # overlaps with the draft's speculate
+            t1 = time.perf_counter()
             published = self.draft.receive_round(len(items))
+            t = self.timing
+            t["rounds"] += 1
+            t["verify_s"] += t1 - t0
+            t["wait_s"] += time.perf_counter() - t1   # how long the target waited for the draft after verifying
+            t["draft_s"] += self.draft.last_speculate_s
             for s in batch:
                 self.cache.publish(s.seq_id, self._rounds[s.seq_id].round + 1, published[s.seq_id])
             return outcomes
@@ -341,60 +351,96 @@ def two_process_engine(target: Decoder, draft_cfg: ModelConfig, conn, k: int, ma
     with torch.device("meta"):
         placeholder = Decoder(draft_cfg)   # the engine builds a DraftWorker; it is replaced by the remote one
     engine = TwoProcessSSD(target, placeholder, SpecConfig(mode="ssd", k=k), max_batch=max_batch, max_len=max_len,
-                           eos_token_ids=())
+                           eos_token_ids=(), cuda_graphs="off")   # a placeholder draft on the meta device
+    engine.target = TargetWorker(target, max_batch, engine.max_len, cuda_graphs=graphs)
     engine.draft = RemoteDraft(conn)
     return engine
 
 
-def run_ssd(target: Decoder, device: str, batch: int, new_tokens: int, k: int, prompt_len: int) -> dict:
+def _timed(engine_fn, prompts, params, device) -> tuple[list[list[int]], float, object]:
+    """Build an engine, run it on prompts of the same lengths (its graphs are captured then), then time it on
+    the prompts (their statistics start there)."""
+    engine = engine_fn()
+    engine.generate([[(t * 7 + 1) % (engine.vocab_size - 3) + 3 for t in p] for p in prompts], params)
+    if hasattr(engine, "stats"):
+        engine.stats = type(engine.stats)()
+    if hasattr(engine, "timing"):
+        engine.timing = dict.fromkeys(engine.timing, 0)
+    sync(device)
+    t0 = time.perf_counter()
+    seqs = engine.generate(prompts, params)
+    sync(device)
+    return [s.output for s in seqs], time.perf_counter() - t0, engine
+
+
+def _acceptance(stats) -> float:
+    return round(sum(stats.accepted) / max(1, sum(stats.offered)), 3)
+
+
+def run_spec(cfg: ModelConfig, device: str, dtype, runs: list[tuple[float, int]], new_tokens: int, k: int,
+             prompt_len: int, graphs: str = "auto") -> list[dict]:
+    """AR, SD (draft in this process) and SSD (draft in a second process) on the same target, every engine with
+    its CUDA graphs (`graphs`: auto, or static to run their steps eagerly), for each (deep_scale, batch) of
+    `runs`; the draft is the target's first two layers."""
     import dataclasses
     import multiprocessing as mp
     from ssd.engine.ar import AREngine
+    from ssd.engine.speculative import SpecConfig, SpeculativeEngine
     from ssd.sampling import SamplingParams
     from ssd.spec.fanout import uniform_fanout
 
-    cfg = target.cfg
     draft_cfg = dataclasses.replace(cfg, num_layers=2, name="draft-2-layers")
-    prompts = prompts_for(cfg, batch, prompt_len, seed=99)
-    max_len = prompt_len + 3 * batch + new_tokens + 2 * k + 8
+    max_batch = max(b for _, b in runs)
+    max_len = prompt_len + 3 * max_batch + new_tokens + 2 * k + 8
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-    t0 = time.perf_counter()
-    ar = AREngine(target, max_batch=batch, max_len=max_len, eos_token_ids=())
-    ar_out = [s.output for s in ar.generate(prompts, params)]
-    sync(device)
-    ar_s = time.perf_counter() - t0
-    del ar
+    fanout = uniform_fanout(k, 2 * (k + 1))
+    dtype_name = str(dtype).removeprefix("torch.")
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
-    fanout = uniform_fanout(k, 2 * (k + 1))
-    dtype_name = str(target.embed.dtype).removeprefix("torch.")
     proc = ctx.Process(target=draft_process, args=(there, dataclasses.asdict(draft_cfg), device, dtype_name, k,
-                                                   fanout, batch, max_len), daemon=True)
+                                                   fanout, max_batch, max_len, graphs), daemon=True)
     proc.start()
+    rows = []
     try:
+        local_draft = random_model(draft_cfg, device, dtype)
         if not here.poll(300):
             raise RuntimeError("the draft process did not get ready in 300 s")
         here.recv_bytes()
-        engine = two_process_engine(target, draft_cfg, here, k, batch, max_len)
-        t0 = time.perf_counter()
-        seqs = engine.generate(prompts, params)
-        sync(device)
-        ssd_s = time.perf_counter() - t0
+        target, scale_built = None, None
+        for scale, batch in runs:
+            if scale != scale_built:
+                del target
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                target, scale_built = random_model(cfg, device, dtype, deep_scale=scale), scale
+            prompts = prompts_for(cfg, batch, prompt_len, seed=99)
+            ar_out, ar_s, _ = _timed(lambda: AREngine(target, max_batch=batch, max_len=max_len, eos_token_ids=(),
+                                                      cuda_graphs=graphs), prompts, params, device)
+            sd_out, sd_s, sd = _timed(lambda: SpeculativeEngine(target, local_draft, SpecConfig(mode="sd", k=k),
+                                                                max_batch=batch, max_len=max_len, eos_token_ids=(),
+                                                                cuda_graphs=graphs), prompts, params, device)
+            ssd_out, ssd_s, ssd = _timed(lambda: two_process_engine(target, draft_cfg, here, k, batch, max_len,
+                                                                    graphs), prompts, params, device)
+            total = sum(len(r) for r in ar_out)
+            same = lambda out: sum(a == b for r, q in zip(out, ar_out) for a, b in zip(r, q))  # noqa: E731
+            row = {"dtype": dtype_name, "deep_scale": scale, "batch": batch, "k": k, "new_tokens": new_tokens,
+                   "tokens": total, "sd_equal_ar": same(sd_out), "ssd_equal_ar": same(ssd_out),
+                   "ar_tok_s": round(total / ar_s, 1), "sd_tok_s": round(total / sd_s, 1),
+                   "ssd_tok_s": round(total / ssd_s, 1), "sd_acceptance": _acceptance(sd.stats),
+                   "ssd_acceptance": _acceptance(ssd.stats), "ssd_cache": dict(ssd.stats.cache),
+                   "ssd_round_ms": {k.removesuffix("_s"): round(1e3 * v / max(1, ssd.timing["rounds"]), 2)
+                                    for k, v in ssd.timing.items() if k != "rounds"},
+                   "graphs_target": dataclasses.asdict(ssd.target.forward.stats)
+                   if hasattr(ssd.target.forward, "stats") else None}
+            row["ok"] = row["sd_equal_ar"] == row["ssd_equal_ar"] == total if dtype == torch.float32 else None
+            rows.append(row)
+            print(f"spec {row}", flush=True)
         here.send_bytes(b"stop")
     finally:
         proc.join(30)
         if proc.is_alive():
             proc.kill()
-    ssd_out = [s.output for s in seqs]
-    st = engine.stats
-    same = sum(a == b for r, q in zip(ssd_out, ar_out) for a, b in zip(r, q))
-    total = sum(len(r) for r in ar_out)
-    row = {"batch": batch, "k": k, "new_tokens": new_tokens, "tokens_equal_ar": same, "tokens": total,
-           "ar_tok_s": round(total / ar_s, 1), "ssd_tok_s": round(sum(len(o) for o in ssd_out) / ssd_s, 1),
-           "stats": st.to_dict() if hasattr(st, "to_dict") else repr(st)}
-    row["ok"] = same == total if target.embed.dtype == torch.float32 else None
-    print(f"ssd {row}", flush=True)
-    return row
+    return rows
 
 
 def table(result: dict) -> str:
@@ -406,9 +452,12 @@ def table(result: dict) -> str:
     for r in result.get("decode", []):
         lines.append(f"decode   B={r['batch']:<3} {r['mode']:<6} {r['step_ms']:>8.2f} ms  {r['tok_s']:>8.1f} tok/s  "
                      f"bound {r['bound_ms']:.2f} ms  ({100 * r['of_bound']:.0f}% of bound)")
-    if r := result.get("ssd"):
-        lines.append(f"ssd      B={r['batch']} K={r['k']}  AR {r['ar_tok_s']} tok/s  SSD(2 procs) {r['ssd_tok_s']} tok/s"
-                     f"  tokens equal {r['tokens_equal_ar']}/{r['tokens']}  ok={r['ok']}")
+    for r in result.get("spec", []):
+        lines.append(f"spec     {r['dtype']:<8} scale {r['deep_scale']:<4} B={r['batch']:<3} K={r['k']}  tok/s AR "
+                     f"{r['ar_tok_s']:>7}  SD {r['sd_tok_s']:>7}  SSD {r['ssd_tok_s']:>7}  accept SD "
+                     f"{r['sd_acceptance']:.2f} SSD {r['ssd_acceptance']:.2f}  equal AR: SD {r['sd_equal_ar']} "
+                     f"SSD {r['ssd_equal_ar']}/{r['tokens']}  ok={r['ok']}  SSD round ms (verify/wait/draft) "
+                     f"{r['ssd_round_ms']['verify']}/{r['ssd_round_ms']['wait']}/{r['ssd_round_ms']['draft']}")
     for e in result.get("errors", []):
         lines.append(f"ERROR    {e.splitlines()[-1]}")
     return "\n".join(lines)
@@ -422,7 +471,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=36, help="layers of the Qwen3-8B-size model")
     ap.add_argument("--steps", type=int, default=12, help="greedy decode steps per correctness check")
     ap.add_argument("--reps", type=int, default=20, help="timed decode steps per batch size")
-    ap.add_argument("--ssd-batch", type=int, default=4)
+    ap.add_argument("--deep-scales", default="0,0.03,0.06,0.12",
+                    help="scales of the target's layers past the draft's two (the middle one for batch 4 and 16)")
     ap.add_argument("--ssd-tokens", type=int, default=48)
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -439,7 +489,7 @@ def main() -> int:
         result["flash_attn"] = False
     big = qwen3_8b(2) if args.smoke else qwen3_8b(args.layers)
     if args.smoke:
-        big = ModelConfig("qwen3", 512, 128, 256, 2, 4, 2, 32, max_position_embeddings=512, name="qwen3-8b-shape")
+        big = ModelConfig("qwen3", 512, 128, 256, 4, 4, 2, 32, max_position_embeddings=512, name="qwen3-8b-shape")
     configs = dict(SMOKE if args.smoke else CONFIGS)
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -466,10 +516,22 @@ def main() -> int:
         attempt("decode", lambda: time_decode(target, [1, 8, 32] if not args.smoke else [1, 4], bw,
                                               128 if not args.smoke else 8, args.reps if not args.smoke else 3,
                                               graphs=dev == "cuda"))
-    if target is not None:
-        attempt("ssd", lambda: run_ssd(target, dev, args.ssd_batch, args.ssd_tokens if not args.smoke else 8, 3,
-                                       64 if not args.smoke else 8))
-        del target
+    del target
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    tokens, plen = (args.ssd_tokens, 64) if not args.smoke else (8, 8)
+    scales = [float(x) for x in args.deep_scales.split(",")]
+    speed_runs = [(s, 1) for s in scales] + [(scales[len(scales) // 2], b) for b in (4, 16)]
+    spec_rows: list = []
+    result["spec"] = spec_rows
+    # exactness on the device: fp32 SD and SSD against fp32 AR, graphs on; then bf16 speed
+    graphs = "auto" if dev == "cuda" else "static"   # on the CPU (--smoke), the graphs' static steps run eagerly
+    attempt("spec_fp32", lambda: spec_rows.extend(run_spec(big, dev, torch.float32, [(scales[len(scales) // 2], 4)],
+                                                            tokens, 3, plen, graphs)))
+    if dev == "cuda":
+        attempt("spec_bf16", lambda: spec_rows.extend(run_spec(big, dev, torch.bfloat16, speed_runs, tokens, 3,
+                                                                plen)))
+    result.pop("spec_fp32", None), result.pop("spec_bf16", None)
     # last: the 8B-size model against its CPU fp32 copy (the slowest part: a CPU forward over 8B weights)
     attempt("correctness_8b", lambda: check_correctness({big.name: big}, dev, min(args.steps, 6), args.smoke))
     result["correctness"] = result.get("correctness", []) + result.pop("correctness_8b", [])
@@ -478,7 +540,7 @@ def main() -> int:
     print(table(result))
     print(f"wrote {path}")
     bad = [r for r in result.get("correctness", []) if r["ok"] is False]
-    return 1 if result["errors"] or bad or (result.get("ssd") or {}).get("ok") is False else 0
+    return 1 if result["errors"] or bad or any(r["ok"] is False for r in result.get("spec", [])) else 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import torch
 from ssd.engine.base import Engine
 from ssd.engine.sequence import Sequence
 from ssd.models.blocks import PrefixStats
+from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
 from ssd.sampling import probs_from_logits, sample
@@ -22,7 +23,7 @@ from ssd.sampling import probs_from_logits, sample
 class AREngine(Engine):
     def __init__(self, model: Decoder, max_batch: int = 8, max_len: int | None = None,
                  eos_token_ids: tuple[int, ...] | None = None, kv_tokens: int = 0,
-                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True):
+                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True, cuda_graphs: str = "auto"):
         super().__init__()
         cfg = model.cfg
         self.model = model
@@ -34,6 +35,7 @@ class AREngine(Engine):
         if self.cache.capacity_tokens < self.max_len:
             raise ValueError(f"kv_tokens={kv_tokens} cannot hold one sequence of the maximum length {self.max_len}")
         self.prefix_caching = prefix_caching
+        self.forward = graphed_forward(model, self.cache, max_batch, mode=cuda_graphs)
         self.device = model.embed.device
         self.prefill_tokens = 0   # tokens computed by prefills (prefix-cache hits excluded, recomputation included)
         self.preemptions = 0
@@ -50,7 +52,7 @@ class AREngine(Engine):
             rows = [(s.prompt + s.output)[c:] for s, c in zip(batch, cached)]
             fb = ForwardBatch.ragged(rows, cached, [s.slot for s in batch], device=self.device)
             lengths = torch.tensor([len(r) - 1 for r in rows], device=self.device)
-            hidden = self.model(fb, self.cache)[torch.arange(len(batch), device=self.device), lengths]
+            hidden = self.forward(fb, self.cache)[torch.arange(len(batch), device=self.device), lengths]
             self.prefill_tokens += sum(len(r) for r in rows)
             if self.prefix_caching:
                 for s in batch:
@@ -61,7 +63,7 @@ class AREngine(Engine):
             batch = list(self.running)
             fb = ForwardBatch.ragged([[s.last_token] for s in batch], [s.num_tokens - 1 for s in batch],
                                      [s.slot for s in batch], device=self.device)
-            hidden = self.model(fb, self.cache)[:, -1]
+            hidden = self.forward(fb, self.cache)[:, -1]
         else:
             return []
         probs = probs_from_logits(self.model.logits(hidden), [s.params for s in batch])

@@ -34,6 +34,7 @@ import torch
 
 from ssd.engine.features import FeatureBlock
 from ssd.models.blocks import PrefixStats
+from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
 from ssd.sampling import SamplingParams, make_generator, sample
@@ -79,7 +80,8 @@ class DraftWorker:
     for every slot's branches are reserved on top of it."""
 
     def __init__(self, model: Decoder, max_seqs: int, max_len: int, k: int, fanout: list[int],
-                 kv_tokens: int = 0, block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True):
+                 kv_tokens: int = 0, block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True,
+                 cuda_graphs: str = "auto"):
         if len(fanout) != k + 1:
             raise ValueError(f"fanout needs K+1 = {k + 1} entries, got {fanout}")
         self.model, self.k, self.fanout = model, k, list(fanout)
@@ -92,6 +94,7 @@ class DraftWorker:
         if self.cache.capacity_tokens < max_len + k + 1:
             raise ValueError(f"kv_tokens={kv_tokens} cannot hold one sequence of the maximum length {max_len}")
         self.prefix_caching = prefix_caching
+        self.forward = graphed_forward(model, self.cache, max_seqs, max(16, sum(fanout)), cuda_graphs)
         self.seqs: dict[int, _DraftSeq] = {}
         self.device = model.embed.device
         self.last_jit_step_s = 0.0
@@ -275,13 +278,13 @@ class DraftWorker:
                 fb.features = (self._input_features([seqs[b] for b in active], [rows[b] for b in active],
                                                     [starts[b] for b in active]) if step == 0
                                else prev[active][:, None])
-                hidden, pre = self.model(fb, self.cache, features=True)
+                hidden, pre = self.forward(fb, self.cache, features=True)
                 if prev is None:
                     prev = torch.zeros(len(seqs), self.feature_size, dtype=pre.dtype, device=self.device)
                 prev[active] = pre[pick]
                 hidden = hidden[pick]
             else:
-                hidden = self.model(fb, self.cache)[pick]
+                hidden = self.forward(fb, self.cache)[pick]
             tokens, support = self._propose(self.model.logits(hidden), [seqs[b] for b in active])
             for r, b in enumerate(active):
                 if step == 0:
@@ -308,7 +311,7 @@ class DraftWorker:
             rows = [r + sp for r, sp in zip(rows, specs)]
             self._map(seqs, [st + len(r) for st, r in zip(starts, rows)])
             fb = ForwardBatch.ragged(rows, starts, [s.slot for s in seqs], self.device)
-            hidden = self.model(fb, self.cache)
+            hidden = self.forward(fb, self.cache)
             # the outputs at the last committed token and at s1..sK: the draft's view of t* for j = 0..len(sp)
             picks = [(b, c) for b, sp in enumerate(specs) for c in range(len(rows[b]) - len(sp) - 1, len(rows[b]))]
             logits = self.model.logits(hidden[[b for b, _ in picks], [c for _, c in picks]])
@@ -331,7 +334,7 @@ class DraftWorker:
         self._map(seqs, [st + len(r) + len(sp) for st, r, sp in zip(starts, rows, specs)])
         fb = ForwardBatch.ragged(rows, starts, [s.slot for s in seqs], dev)
         fb.features = self._input_features(seqs, rows, starts)
-        hidden, pre = self.model(fb, self.cache, features=True)
+        hidden, pre = self.forward(fb, self.cache, features=True)
         pick = torch.arange(B, device=dev), torch.tensor([len(r) - 1 for r in rows], device=dev)
         hs, outs = [[h] for h in hidden[pick]], [[o] for o in pre[pick]]
         for s, st in zip(seqs, starts):
@@ -341,7 +344,7 @@ class DraftWorker:
             fb = ForwardBatch.ragged([[specs[b][i - 1]] for b in active],
                                      [len(seqs[b].tokens) - 1 + i for b in active], [seqs[b].slot for b in active], dev)
             fb.features = torch.stack([outs[b][-1] for b in active])[:, None]
-            hidden, pre = self.model(fb, self.cache, features=True)
+            hidden, pre = self.forward(fb, self.cache, features=True)
             for r, b in enumerate(active):
                 hs[b].append(hidden[r, 0])
                 outs[b].append(pre[r, 0])
@@ -386,10 +389,10 @@ class DraftWorker:
             fb = ForwardBatch(ids, (prefix + d).to(dev), slots, kv_len, valid_d, cols.to(dev), mask.to(dev))
             if feats is not None:
                 fb.features = feats
-                hidden, feats = self.model(fb, self.cache, features=True)
+                hidden, feats = self.forward(fb, self.cache, features=True)
                 hidden = hidden[valid_d]
             else:
-                hidden = self.model(fb, self.cache)[valid_d]  # branches in (b, i) order
+                hidden = self.forward(fb, self.cache)[valid_d]  # branches in (b, i) order
             tokens, support = self._propose(self.model.logits(hidden), branch_seqs)
             r = 0
             for b in range(B):

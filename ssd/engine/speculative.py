@@ -66,7 +66,7 @@ class _Round:
 class SpeculativeEngine(Engine):
     def __init__(self, target: Decoder, draft: Decoder, spec: SpecConfig | None = None, max_batch: int = 8,
                  max_len: int | None = None, eos_token_ids: tuple[int, ...] | None = None, kv_tokens: int = 0,
-                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True):
+                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True, cuda_graphs: str = "auto"):
         super().__init__()
         self.spec = spec or SpecConfig()
         cfg = target.cfg
@@ -75,9 +75,10 @@ class SpeculativeEngine(Engine):
         self.max_len = min(max_len or 2048, cfg.max_position_embeddings, draft.cfg.max_position_embeddings)
         self.eos_token_ids = frozenset(cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.vocab_size = cfg.vocab_size
-        self.target = TargetWorker(target, max_batch, self.max_len, kv_tokens, block_size, prefix_caching)
+        self.target = TargetWorker(target, max_batch, self.max_len, kv_tokens, block_size, prefix_caching,
+                                   cuda_graphs)
         self.draft = DraftWorker(draft, max_batch, self.max_len, self.spec.k, list(self.spec.fanout), kv_tokens,
-                                 block_size, prefix_caching)
+                                 block_size, prefix_caching, cuda_graphs)
         self.cache = SpeculationCache()
         self.timings = BackupTimings(k=self.spec.k)
         self.stats = SpecStats()

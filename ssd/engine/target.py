@@ -15,6 +15,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from ssd.models.blocks import PrefixStats
+from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
 from ssd.engine.features import FeatureBlock
@@ -54,7 +55,7 @@ class TargetWorker:
     that still does not fit runs in chunks. Full blocks of committed tokens are shared through the prefix cache."""
 
     def __init__(self, model: Decoder, max_seqs: int, max_len: int, kv_tokens: int = 0,
-                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True):
+                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True, cuda_graphs: str = "auto"):
         self.model = model
         self.max_len = max_len
         self.cache = model.make_cache(max_seqs, max_len, num_blocks=blocks_for(kv_tokens, block_size) or None,
@@ -63,6 +64,7 @@ class TargetWorker:
             raise ValueError(f"a KV cache of {self.cache.capacity_tokens} tokens cannot hold one sequence of "
                              f"the maximum length {max_len}")
         self.prefix_caching = prefix_caching
+        self.forward = graphed_forward(model, self.cache, max_seqs, mode=cuda_graphs)
         self.seqs: dict[int, _TargetSeq] = {}
         self.device = model.embed.device
         self.last_verify_s = 0.0
@@ -126,7 +128,7 @@ class TargetWorker:
             self._forwards += 1
             rows = [s.tokens[s.kv:] + extra for s, extra in chunk]
             fb = ForwardBatch.ragged(rows, [s.kv for s, _ in chunk], [s.slot for s, _ in chunk], self.device)
-            hidden = self.model(fb, self.cache, features=features)
+            hidden = self.forward(fb, self.cache, features=features)
             if features:
                 hidden, pre = hidden
             for r, (s, extra) in enumerate(chunk):

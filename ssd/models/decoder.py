@@ -176,13 +176,18 @@ class Decoder(nn.Module):
         x = self.embed_inputs(batch)
         cos, sin = self.rope(cache.num_columns).lookup(batch.positions)
         if index is None:
-            cols = batch.positions if batch.cols is None else batch.cols
-            last = batch.positions[:, -1] if batch.valid is None else batch.positions.masked_fill(
-                ~batch.valid, -1).amax(dim=1)
-            index = cache.index(batch.slots, cols, batch.valid, batch.kv_len, last + 1)
+            index = self.paged_index(batch, cache)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, batch, cache, index, i)
         return (self.norm(x), x) if features else self.norm(x)
+
+    @staticmethod
+    def paged_index(batch: ForwardBatch, cache: KVCache) -> PagedIndex:
+        """Map the blocks the batch writes and give the physical rows it writes and reads."""
+        cols = batch.positions if batch.cols is None else batch.cols
+        last = batch.positions[:, -1] if batch.valid is None else batch.positions.masked_fill(
+            ~batch.valid, -1).amax(dim=1)
+        return cache.index(batch.slots, cols, batch.valid, batch.kv_len, last + 1)
 
     def embed_inputs(self, batch: ForwardBatch) -> torch.Tensor:
         return F.embedding(batch.input_ids, self.embed)

@@ -47,7 +47,9 @@ class KVCache:
             num_blocks = num_slots * blocks_for(self.num_columns, block_size)
         self.blocks = BlockManager(num_blocks, block_size, reserved_blocks)
         heads = cfg.num_kv_heads if num_kv_heads is None else num_kv_heads
-        shape = (cfg.num_layers, num_blocks * block_size, heads, cfg.head_dim)
+        # one row past the blocks: where padding tokens of a fixed-shape step write (ssd.models.cuda_graph)
+        self.pad_row = num_blocks * block_size
+        shape = (cfg.num_layers, num_blocks * block_size + 1, heads, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.tables: list[list[int]] = [[] for _ in range(num_slots)]
@@ -160,4 +162,5 @@ class KVCache:
     def block_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """[num_blocks, block_size, Hkv, D] views (the layout flash-attn's paged kernel reads)."""
         shape = (self.blocks.num_blocks, self.block_size, *self.k.shape[-2:])
-        return self.k[layer].view(shape), self.v[layer].view(shape)
+        n = self.pad_row
+        return self.k[layer][:n].view(shape), self.v[layer][:n].view(shape)
