@@ -448,7 +448,10 @@ class RouterCore:
         elif isinstance(msg, wire.JitResult):
             sent = self._jit_sent.pop(msg.batch_id, None)
             if sent is not None:
-                self._jit_latency = 0.9 * self._jit_latency + 0.1 * (time.monotonic() - sent)
+                roundtrip = time.monotonic() - sent
+                self._jit_latency = 0.9 * self._jit_latency + 0.1 * roundtrip
+                for policy in self.adaptive.values():
+                    policy.observe_jit(roundtrip, msg.elapsed_s)
             steps = max((len(tokens) for _, tokens, _ in msg.items), default=0)   # K of this JIT, not the draft's
             if steps:
                 self.timings.observe_draft_step(len(msg.items), msg.elapsed_s / steps)
@@ -733,7 +736,7 @@ class RouterCore:
         """The adaptive policy's K per mode for the current batch size (logged and exported when it changes)."""
         batch = len(self.active)
         for mode, a in self.adaptive.items():
-            k = a.choose(batch)
+            k = a.choose(batch, self._choice.get(mode))
             if k != self._choice.get(mode):
                 now = time.monotonic()
                 level = logging.INFO if now - self._adapt_logged > 10.0 else logging.DEBUG  # at most one line in 10 s

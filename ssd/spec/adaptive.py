@@ -13,17 +13,25 @@ Contract
     is not a line in n on a CPU: a 2-row matmul can cost what a 1-row one does and a 3-row one half again
     (ssd/models/linear.py), and that step decides between K = 1 and K = 3 at batch 1.
   - ``observe_draft_step(batch, seconds)``: one draft step (a JIT batch's time / K): a line in the batch size.
+  - ``observe_jit(roundtrip, compute)``: one JIT as the router saw it; what the round trip took beyond the
+    draft's compute (the hop: ZeroMQ, the draft's queue) is kept as a mean.
   - ``observe_lookup(hit)``: whether a speculation-cache lookup hit (ssd mode).
 * ``choose(batch)`` returns the K in ``0..k_max`` that maximises the predicted tokens per second of a batch of
   ``batch`` sequences (Theorem 7 with measured terms):
 
       E(K) = 1 + a_1 + a_1 a_2 + ... + a_1...a_K                 (tokens per sequence per round)
       T(K) = t_v(batch (K + 1)) + D(K)                           (seconds per round)
-      D(K) = K t_d(batch)            in sd mode (the draft runs before every verify)
-           = (1 - h) K t_d(batch)    in ssd mode (only a cache miss waits for a JIT draft; h = hit rate)
+      D(K) = hop + K t_d(batch)                        in sd mode (a JIT draft before every verify)
+           = (1 - h^batch) (hop + K t_d(batch (1 - h)))   in ssd mode (h = hit rate)
 
+  In ssd mode only a cache miss needs a JIT draft, but a verify batch waits for its sequences' JITs (the
+  router's hold), so a round waits whenever any of its ``batch`` sequences missed: ``1 - h^batch``, which
+  nears 1 quickly as the batch grows. The wait is a JIT's round trip, not only its compute: ``hop`` is measured.
   K = 0 is plain decoding (E = 1, no draft work): speculation is turned off where it does not pay, which
-  depends on the batch size through ``t_v`` and ``t_d``.
+  depends on the batch size through ``t_v`` and ``t_d``. ``choose(batch, current)`` keeps ``current`` unless
+  another K is predicted faster by more than ``margin`` (5%): a switch has costs the formula does not hold (a
+  speculation cache gone cold while K was 0, the verify cost of a size not measured lately), and where two
+  K are predicted within a few percent of each other, flipping between them paid those costs for nothing.
 * While K = 0 is chosen, ``probe(rounds_since_probe)`` says when a sequence should run one round at ``k_max``
   anyway, so the acceptance estimate stays current and speculation comes back when the draft starts paying
   (a different kind of text, a better draft). The interval starts at ``probe_every`` rounds and doubles with
@@ -94,13 +102,16 @@ class CostTable:
 class AdaptiveK:
     def __init__(self, k_max: int, mode: str = "ssd", probe_every: int = 16, prior_acceptance: float = 0.6,
                  decay: float = 0.97, max_probe_every: int = 256, verify: CostTable | None = None,
-                 draft_step: LinearEma | None = None, explore_every: int = 16):
+                 draft_step: LinearEma | None = None, explore_every: int = 16, margin: float = 0.05):
         """`verify` and `draft_step`: measurement lines shared with other users (the router feeds each once);
         by default this instance keeps its own."""
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         if mode not in ("sd", "ssd"):
             raise ValueError(f"mode must be sd or ssd, got {mode!r}")
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin must be in [0, 1), got {margin}")
+        self.margin = margin
         self.k_max, self.mode, self.probe_every, self.decay = k_max, mode, probe_every, decay
         self.max_probe_every = max(probe_every, max_probe_every)
         self.probe_interval = probe_every
@@ -110,6 +121,7 @@ class AdaptiveK:
         self.explore_every = explore_every   # 0: never explore
         self._explore_up = False
         self.draft_step = draft_step if draft_step is not None else LinearEma(prior_intercept=4e-3, prior_slope=4e-4)
+        self.hop = 2e-3   # a JIT's round trip beyond the draft's compute, seconds (EMA; prior 2 ms)
         self.rounds = 0
 
     @staticmethod
@@ -136,6 +148,10 @@ class AdaptiveK:
         if batch > 0 and seconds > 0:
             self.draft_step.observe(batch, seconds)
 
+    def observe_jit(self, roundtrip: float, compute: float) -> None:
+        if roundtrip > 0:
+            self.hop = 0.9 * self.hop + 0.1 * max(0.0, roundtrip - max(0.0, compute))
+
     def observe_lookup(self, hit: bool) -> None:
         d = self.decay
         self.hit = d * self.hit + (1 - d) * (1.0 if hit else 0.0)
@@ -149,18 +165,26 @@ class AdaptiveK:
         return total
 
     def round_seconds(self, batch: int, k: int) -> float:
-        draft = k * self.draft_step.predict(batch)
-        if self.mode == "ssd":
-            draft *= 1.0 - self.hit
+        draft = 0.0
+        if k > 0 and self.mode == "sd":
+            draft = self.hop + k * self.draft_step.predict(batch)
+        elif k > 0:
+            miss = 1.0 - self.hit
+            draft = (1.0 - self.hit ** batch) * (self.hop + k * self.draft_step.predict(max(1.0, batch * miss)))
         return self.verify.predict(batch * (k + 1)) + draft
 
     def throughput(self, batch: int, k: int) -> float:
         """Predicted tokens per second of a batch running K."""
         return batch * self.expected_tokens(k) / self.round_seconds(batch, k)
 
-    def choose(self, batch: int) -> int:
+    def choose(self, batch: int, current: int | None = None) -> int:
+        """The K of the highest predicted throughput (the smaller on a tie); `current` (the K in use) stays
+        unless that one is predicted more than `margin` faster."""
         batch = max(1, batch)
         k = max(range(self.k_max + 1), key=lambda k: (self.throughput(batch, k), -k))
+        if current is not None and current != k and 0 <= current <= self.k_max \
+                and self.throughput(batch, current) * (1.0 + self.margin) >= self.throughput(batch, k):
+            k = current
         if k > 0:
             self.probe_interval = self.probe_every
         return k
@@ -185,6 +209,6 @@ class AdaptiveK:
         return {"k": self.choose(batch), "acceptance": [round(a, 3) for a in self.acceptance],
                 "hit": round(self.hit, 3), "verify": self.verify.coefficients(),
                 "verify_table": {n: round(t, 4) for n, t in self.verify.table().items()},
-                "verify_overhead": round(self.verify.overhead, 4),
+                "verify_overhead": round(self.verify.overhead, 4), "jit_hop": round(self.hop, 4),
                 "draft_step": self.draft_step.coefficients(),
                 "throughput": [round(self.throughput(max(1, batch), k), 2) for k in range(self.k_max + 1)]}

@@ -138,3 +138,47 @@ def test_cost_table_adds_the_mean_overhead_capped_at_the_compute():
     assert t.predict(4) == pytest.approx(0.06, rel=1e-3)
     t.observe(4, 0.05, overhead=5.0)       # queued behind a long prefill: counts as at most the compute
     assert t.overhead == pytest.approx(0.5 * 0.01 + 0.5 * 0.05, rel=1e-3)
+
+
+def test_the_current_k_stays_unless_another_is_predicted_faster_by_the_margin():
+    a = AdaptiveK(3, "sd")
+    timings(a, verify_c0=0.02, verify_c1=0.004, draft_step=0.002)
+    feed(a, [0.5, 0.5, 0.5])
+    best = a.choose(1)
+    tp = [a.throughput(1, k) for k in range(4)]
+    close = [k for k in range(4) if k != best and tp[k] * 1.05 >= tp[best]]
+    far = [k for k in range(4) if tp[k] * 1.05 < tp[best]]
+    assert close and far   # the fixture has both kinds of neighbour
+    for k in close:
+        assert a.choose(1, current=k) == k
+    for k in far:
+        assert a.choose(1, current=k) == best
+    a.margin = 0.0
+    assert a.choose(1, current=close[0]) == best
+    with pytest.raises(ValueError, match="margin"):
+        AdaptiveK(3, "sd", margin=1.5)
+
+
+def test_a_round_waits_for_the_jit_round_trip_when_any_sequence_of_the_batch_missed():
+    a = AdaptiveK(3, "ssd")
+    timings(a, verify_c0=0.02, verify_c1=0.004, draft_step=0.002)
+    a.hit = 0.5
+    for _ in range(200):
+        a.observe_jit(roundtrip=0.030, compute=0.006)
+    assert a.hop == pytest.approx(0.024, rel=1e-3)
+
+    def wait(batch, k):
+        return a.round_seconds(batch, k) - a.verify.predict(batch * (k + 1))
+    assert wait(4, 0) == 0.0
+    # batch 1 waits when its one sequence missed (1 - h); batch 8 nearly always (1 - h^8)
+    assert wait(1, 2) == pytest.approx(0.5 * (a.hop + 2 * a.draft_step.predict(1)))
+    assert wait(8, 2) == pytest.approx((1 - 0.5 ** 8) * (a.hop + 2 * a.draft_step.predict(4)))
+    sd = AdaptiveK(3, "sd")
+    timings(sd, verify_c0=0.02, verify_c1=0.004, draft_step=0.002)
+    sd.hop = a.hop
+    assert sd.round_seconds(8, 2) - sd.verify.predict(24) == pytest.approx(sd.hop + 2 * sd.draft_step.predict(8))
+    # a slower hop makes speculation less attractive, never plain decoding
+    before = [a.throughput(4, k) for k in range(4)]
+    a.hop *= 4
+    after = [a.throughput(4, k) for k in range(4)]
+    assert after[0] == before[0] and all(x < y for x, y in zip(after[1:], before[1:]))
