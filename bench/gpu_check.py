@@ -443,6 +443,88 @@ def run_spec(cfg: ModelConfig, device: str, dtype, runs: list[tuple[float, int]]
     return rows
 
 
+def sampling_check(cfg: ModelConfig, device: str, graphs: str = "auto") -> list[dict]:
+    """Seeded sampling (temperature 0.8) through SD and SSD in one process on the device, fp32: two runs with
+    the graphs give the same tokens (ok), and the tokens of a run with the ordinary forward are reported."""
+    import dataclasses
+    from ssd.engine.speculative import SpecConfig, SpeculativeEngine
+    from ssd.sampling import SamplingParams
+
+    target = random_model(cfg, device, torch.float32, deep_scale=0.05)
+    draft = random_model(dataclasses.replace(cfg, num_layers=2), device, torch.float32)
+    prompts = prompts_for(cfg, 3, 24, seed=11)
+    params = [SamplingParams(max_tokens=32, ignore_eos=True, temperature=0.8, top_p=0.95, seed=100 + b)
+              for b in range(len(prompts))]
+    rows = []
+    for mode in ("sd", "ssd"):
+        def run(how):
+            engine = SpeculativeEngine(target, draft, SpecConfig(mode=mode, k=3), max_batch=3, max_len=128,
+                                       eos_token_ids=(), cuda_graphs=how)
+            return [s.output for s in engine.generate(prompts, params)], engine
+        a, engine = run(graphs)
+        b, _ = run(graphs)
+        c, _ = run("off")
+        total = sum(len(r) for r in a)
+        rows.append({"mode": mode, "tokens": total, "repeat_equal": sum(x == y for r, q in zip(a, b)
+                                                                         for x, y in zip(r, q)),
+                     "plain_forward_equal": sum(x == y for r, q in zip(a, c) for x, y in zip(r, q)),
+                     "acceptance": _acceptance(engine.stats), "ok": a == b and total == 3 * 32})
+        print(f"sampling {rows[-1]}", flush=True)
+    return rows
+
+
+@torch.inference_mode()
+def round_parts(cfg: ModelConfig, device: str, dtype, batches: list[int], k: int, prompt_len: int,
+                rounds: int, graphs: str = "auto") -> list[dict]:
+    """The parts of a round timed alone, in one process (no second process on the device): the draft's JIT
+    step, its SSD speculate (glue, forks, K branch steps) and the target's verify of K + 1 positions, with the
+    graphs on. Against the round times of the two-process runs, this says whether the draft's speculate there is
+    slow by itself or slowed by sharing the device with the target's verify."""
+    import dataclasses
+    from ssd.engine.draft import DraftParams, DraftWorker
+    from ssd.engine.target import TargetWorker, VerifyItem
+    from ssd.sampling import SamplingParams
+    from ssd.spec.fanout import uniform_fanout
+
+    target = random_model(cfg, device, dtype, deep_scale=0.0)
+    draft = random_model(dataclasses.replace(cfg, num_layers=2), device, dtype)
+    fanout = uniform_fanout(k, 2 * (k + 1))
+    rows = []
+    for B in batches:
+        max_len = prompt_len + 3 * B + (rounds + 4) * (k + 1) + 8
+        tw = TargetWorker(target, B, max_len, cuda_graphs=graphs)
+        dw = DraftWorker(draft, B, max_len, k, fanout, cuda_graphs=graphs)
+        prompts = prompts_for(cfg, B, prompt_len, seed=5)
+        firsts = tw.prefill([(b, p, SamplingParams()) for b, p in enumerate(prompts)])
+        for b, (p, t) in enumerate(zip(prompts, firsts)):
+            dw.add(b, p + [t], DraftParams())
+        seqs = list(range(B))
+        times = {"jit_step": [], "speculate": [], "verify": []}
+        for r in range(rounds + 3):
+            sync(device)
+            t0 = time.perf_counter()
+            specs = [sp.tokens for sp in dw.jit(seqs, k)]
+            sync(device)
+            t1 = time.perf_counter()
+            dw.speculate(list(zip(seqs, specs)))
+            sync(device)
+            t2 = time.perf_counter()
+            outs = tw.verify([VerifyItem(s, sp) for s, sp in zip(seqs, specs)])
+            sync(device)
+            t3 = time.perf_counter()
+            for o, sp in zip(outs, specs):
+                dw.commit(o.seq_id, list(sp[:o.accepted]) + [o.token])
+            if r >= 3:
+                times["jit_step"].append((t1 - t0) / k)
+                times["speculate"].append(t2 - t1)
+                times["verify"].append(t3 - t2)
+        row = {"batch": B, "k": k, **{f"{n}_ms": round(1e3 * statistics.median(v), 2) for n, v in times.items()}}
+        rows.append(row)
+        print(f"parts {row}", flush=True)
+        del tw, dw
+    return rows
+
+
 def table(result: dict) -> str:
     lines = ["", "== gpu_check ==", f"device: {result['device']}   copy bandwidth: "
              f"{result.get('bandwidth_gb_s', '-')} GB/s   total {result.get('seconds', 0):.0f} s"]
@@ -458,6 +540,13 @@ def table(result: dict) -> str:
                      f"{r['sd_acceptance']:.2f} SSD {r['ssd_acceptance']:.2f}  equal AR: SD {r['sd_equal_ar']} "
                      f"SSD {r['ssd_equal_ar']}/{r['tokens']}  ok={r['ok']}  SSD round ms (verify/wait/draft) "
                      f"{r['ssd_round_ms']['verify']}/{r['ssd_round_ms']['wait']}/{r['ssd_round_ms']['draft']}")
+    for r in result.get("sampling", []):
+        lines.append(f"sample   {r['mode']:<4} T=0.8 seeded, fp32: repeat equal {r['repeat_equal']}/{r['tokens']}, "
+                     f"plain forward equal {r['plain_forward_equal']}/{r['tokens']}, accept {r['acceptance']:.2f}"
+                     f"  ok={r['ok']}")
+    for r in result.get("round_parts", []):
+        lines.append(f"alone    B={r['batch']:<3} K={r['k']}  draft JIT step {r['jit_step_ms']} ms  draft speculate "
+                     f"{r['speculate_ms']} ms  target verify {r['verify_ms']} ms")
     for e in result.get("errors", []):
         lines.append(f"ERROR    {e.splitlines()[-1]}")
     return "\n".join(lines)
@@ -532,6 +621,10 @@ def main() -> int:
         attempt("spec_bf16", lambda: spec_rows.extend(run_spec(big, dev, torch.bfloat16, speed_runs, tokens, 3,
                                                                 plen)))
     result.pop("spec_fp32", None), result.pop("spec_bf16", None)
+    attempt("sampling", lambda: sampling_check(configs[next(iter(configs))], dev, graphs))
+    attempt("round_parts", lambda: round_parts(big, dev, torch.bfloat16 if dev == "cuda" else torch.float32,
+                                               [1, 4, 16] if not args.smoke else [1, 2], 3, plen,
+                                               20 if not args.smoke else 3, graphs))
     # last: the 8B-size model against its CPU fp32 copy (the slowest part: a CPU forward over 8B weights)
     attempt("correctness_8b", lambda: check_correctness({big.name: big}, dev, min(args.steps, 6), args.smoke))
     result["correctness"] = result.get("correctness", []) + result.pop("correctness_8b", [])
@@ -540,7 +633,8 @@ def main() -> int:
     print(table(result))
     print(f"wrote {path}")
     bad = [r for r in result.get("correctness", []) if r["ok"] is False]
-    return 1 if result["errors"] or bad or any(r["ok"] is False for r in result.get("spec", [])) else 0
+    bad += [r for r in result.get("spec", []) + result.get("sampling", []) if r["ok"] is False]
+    return 1 if result["errors"] or bad else 0
 
 
 if __name__ == "__main__":

@@ -28,13 +28,13 @@ from ssd.params import SamplingParams
 
 log = logging.getLogger("ssd.tp")
 
-SETTINGS = ("log_level", "cpus", "threads", "max_seqs", "max_len", "kv_tokens", "block_size")
+SETTINGS = ("log_level", "cpus", "threads", "max_seqs", "max_len", "kv_tokens", "block_size", "cuda_graphs")
 
 
 def build_target(model, s: dict) -> TargetWorker:
     """The target's worker from its settings (the same on every rank)."""
     return TargetWorker(model, s["max_seqs"], min(s["max_len"], model.cfg.max_position_embeddings),
-                        s["kv_tokens"], s["block_size"])
+                        s["kv_tokens"], s["block_size"], cuda_graphs=s.get("cuda_graphs", "auto"))
 
 
 def init_rank(rank: int, size: int, port: int, device: str = "cpu") -> TPGroup:

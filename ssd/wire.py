@@ -28,9 +28,9 @@ Contract
   ``MAX_FEATURE_BYTES``, dropping the oldest rows first (a feature-reading draft reads missing rows as zeros;
   exactness never depends on features).
 * Flags are msgpack booleans; decode refuses ints in their place.
-* Fields added after version 1 (``Ready.feature_size``, the ``features`` fields) come last and have defaults
-  (0, False, empty, None), so a message built without them means "no features"; on the wire every field is
-  always present.
+* Fields added after version 1 (``Ready.feature_size``, the ``features`` fields; ``DraftRound.fanout`` in
+  version 3) come last and have defaults (0, False, empty, None), so a message built without them means "no
+  features" ("the draft's own fan-out"); on the wire every field is always present.
 * The codec checks each field, not relations between fields (rows vs tokens): those are the receivers'.
 
 Type bytes::
@@ -59,7 +59,7 @@ __all__ = ["MAX_ARRAYS", "MAX_ENTRIES", "MAX_FEATURE_BYTES", "MAX_FRAME_BYTES", 
            "Ping", "Pong", "Prefill", "PrefillItem", "Prefilled", "Ready", "Row", "SamplingSpec", "Verify",
            "VerifyItem", "WireError", "decode", "encode"]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 16 << 20   # bytes per payload frame (decode/encode argument overrides it)
 MAX_FEATURE_BYTES = 4 << 20  # feature bytes senders put in one message (a quarter frame: room for the rest)
 MAX_ITEMS = 4096             # items per batch message, seqs per Free
@@ -496,10 +496,12 @@ class DraftRoundItem:
     features: Features | None = None   # the target's features received since the last message about seq
 
 
-@_wire(0x31, items=_items(DraftRoundItem))
+@_wire(0x31, items=_items(DraftRoundItem), fanout=_Ints("MAX_ROWS", 63))
 @dataclass(slots=True)
 class DraftRound:
     items: list[DraftRoundItem]
+    fanout: list[int] = field(default_factory=list)   # forks per position F_0..F_K for these rounds (empty: the
+                                                      # draft's own); the router's online fan-out (version 3)
 
 
 @_wire(accepted=ID, token=TOKEN, tokens=TOKENS, proposal=PROPOSAL)

@@ -45,6 +45,12 @@ class WorkerConfig:
     kv_tokens: int = field(default=0, metadata={"help": "KV cache capacity in tokens (0 = max_seqs * max_len); "
                                                         "sequences are preempted and recomputed when it is full"})
     block_size: int = field(default=16, metadata={"help": "tokens per KV cache block (paging and prefix caching)"})
+    device: str = field(default="cpu", metadata={"help": "where the model runs: cpu, cuda or cuda:N"})
+    dtype: str = field(default="float32", metadata={"help": "weights and KV cache: float32, bfloat16 or float16 "
+                                                            "(exact identity with the target alone is tested "
+                                                            "in float32)"})
+    cuda_graphs: str = field(default="auto", metadata={"help": "replay decode, verify and branch steps as CUDA "
+                                                               "graphs: auto (on CUDA), on or off"})
     metrics_address: str = field(default="", metadata={"help": "serve Prometheus /metrics on host:port "
                                                                "(empty = off)"})
     curve_secret_key_file: Path | None = field(default=None, metadata={
@@ -130,7 +136,7 @@ def wait_drained(handler: Handler, grace: float) -> int:
 def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, handler_cls,
                k: int = 0, fanout: list[int] | None = None) -> int:
     """Serve one worker process: `build(model)` makes the role's worker, `handler_cls(worker, endpoint)` its logic."""
-    problem = tp_problem(cfg, role, folder)
+    problem = tp_problem(cfg, role, folder) or device_problem(cfg)
     if problem:
         log.error("%s", problem)
         return 2
@@ -178,7 +184,9 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
         worker = MirroredTarget(build(model), channel)
         log.info("tensor parallel over %d ranks", cfg.tp_size)
     else:
-        model = load_model(folder)
+        import torch
+
+        model = load_model(folder, dtype=getattr(torch, cfg.dtype), device=cfg.device)
         worker = build(model)
     tok = Tokenizer.from_folder(folder)
     state["worker"] = worker
@@ -214,6 +222,35 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
         if followers is not None:
             followers.stop(channel)
     return 0
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def device_problem(cfg: WorkerConfig) -> str | None:
+    """Why --device / --dtype / --cuda-graphs cannot run (None when they can); checked before anything loads."""
+    import torch
+
+    if cfg.dtype not in DTYPES:
+        return f"--dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}"
+    if cfg.cuda_graphs not in ("auto", "on", "off"):
+        return f"--cuda-graphs must be auto, on or off, got {cfg.cuda_graphs!r}"
+    try:
+        device = torch.device(cfg.device)
+    except (RuntimeError, ValueError):
+        return f"--device must be cpu, cuda or cuda:N, got {cfg.device!r}"
+    if device.type not in ("cpu", "cuda"):
+        return f"--device must be cpu, cuda or cuda:N, got {cfg.device!r}"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return f"--device {cfg.device}: no CUDA device is visible to this process"
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            return f"--device {cfg.device}: only {torch.cuda.device_count()} CUDA device(s) are visible"
+        if cfg.tp_size > 1:
+            return "--tp-size > 1 runs its ranks on the CPU in this version; use --device cpu"
+    elif cfg.cuda_graphs == "on":
+        return "--cuda-graphs on needs --device cuda"
+    return None
 
 
 def tp_problem(cfg: WorkerConfig, role: str, folder: Path) -> str | None:

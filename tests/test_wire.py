@@ -35,7 +35,8 @@ EXAMPLES = [
              elapsed_s=0.003, features=[(2, 7, HALVES)]),
     DraftAdd(items=[DraftAddItem(seq=1, tokens=[1, 2, 3, 42], params=DRAFT_PARAMS, features=(0, HALVES)),
                     DraftAddItem(seq=2, tokens=[1], params=DRAFT_PARAMS, features=None)]),
-    DraftRound(items=[DraftRoundItem(seq=1, round=3, delta=[11], spec=[3, 17, 40, 0], features=(4, HALVES))]),
+    DraftRound(items=[DraftRoundItem(seq=1, round=3, delta=[11], spec=[3, 17, 40, 0], features=(4, HALVES))],
+               fanout=[3, 2, 2, 1]),
     CacheEntries(seq=1, round=4, entries=[CacheEntry(accepted=0, token=3, tokens=[17, 40], proposal=[ROW_A, ROW_A]),
                                           CacheEntry(accepted=2, token=9, tokens=[1], proposal=None)],
                  elapsed_s=0.001),
@@ -137,8 +138,8 @@ def test_oversized_payload_is_refused_before_unpacking():
 
 
 def test_wrong_version_names_both_versions():
-    assert PROTOCOL_VERSION == 2
-    message = rejects(frames(Ping, 1, version=1), "Ping", "version 1", f"version {PROTOCOL_VERSION}")
+    assert PROTOCOL_VERSION == 3
+    message = rejects(frames(Ping, 1, version=2), "Ping", "version 2", f"version {PROTOCOL_VERSION}")
     assert "not supported" in message
     rejects(frames(Ping, 1, version="1"), "Ping", "version str '1'")
 
@@ -158,7 +159,9 @@ def test_field_rejections_name_message_and_field():
     rejects(frames(Outcomes, 1, [], 0.1), "Outcomes: expected the 4 fields", "got 3 values")   # a version-1 payload
     rejects(frames(Ready, "router", "m", "h", 1, 1, 1, [], 0), "Ready.role: expected one of ('target', 'draft')")
     rejects(frames(Prefilled, [[1, 2, 3]], 0.1, []), "Prefilled.items[0]: expected an array of 2")
-    rejects(frames(DraftRound, [[1, 0, [5], [1, 2**31], None]]), "DraftRound.items[0].spec[1]", "2**31")
+    rejects(frames(DraftRound, [[1, 0, [5], [1, 2**31], None]], []), "DraftRound.items[0].spec[1]", "2**31")
+    rejects(frames(DraftRound, []), "DraftRound: expected the 2 fields", "got 1 values")   # a version-2 payload
+    rejects(frames(DraftRound, [], [2, "1"]), "DraftRound.fanout[1]: expected an int")
     rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, 0.0, None]]], False), "Prefill.items[0].sampling.top_p")
     rejects(frames(Error, "c", "m", "7"), "Error.seq: expected an int")
 
@@ -179,7 +182,7 @@ def test_feature_rejections():
     rejects(frames(DraftAdd, [add + [b"\x00\x00"]]), "DraftAdd.items[0].features: expected an array of 2")
     rejects(frames(DraftAdd, [add]), "DraftAdd.items[0]: expected the 4 fields")
     rejects(frames(Jit, 1, [[1, [], 4, [0, b"\x00" * 5]]]), "Jit.items[0].features[1]", "even number")
-    rejects(frames(DraftRound, [[1, 0, [], [], [0, b"\x00", b"\x00"]]]), "DraftRound.items[0].features")
+    rejects(frames(DraftRound, [[1, 0, [], [], [0, b"\x00", b"\x00"]]], []), "DraftRound.items[0].features")
     big = [frames(Jit, 1, [[1, [], 4, [0, b"\x00" * 64]]])[0],
            msgpack.packb([PROTOCOL_VERSION, 1, [[1, [], 4, [0, b"\x00" * 64]]]], use_bin_type=True)]
     rejects(big, "exceeds max_frame_bytes=32", max_frame_bytes=32)
@@ -187,7 +190,8 @@ def test_feature_rejections():
                           (Prefilled([], 0.1, [(1, 0, b"\x00")]), "Prefilled.features[0][2]"),
                           (Jit(1, [JitItem(1, [], 1, (0, [0, 0]))]), "Jit.items[0].features[1]: expected a bin"),
                           (Jit(1, [JitItem(1, [], 1, (-1, b""))]), "Jit.items[0].features[0]"),
-                          (DraftRound([DraftRoundItem(1, 1, [], [], (0,))]), "expected a tuple of 2")]:
+                          (DraftRound([DraftRoundItem(1, 1, [], [], (0,))]), "expected a tuple of 2"),
+                          (DraftRound([], [2, -1]), "DraftRound.fanout")]:
         with pytest.raises(WireError) as err:
             encode(bad)
         assert fragment in str(err.value), (fragment, str(err.value))

@@ -12,6 +12,10 @@ A feature-reading draft (`DraftWorker.feature_size` > 0, announced in `Ready.fea
 features with adds and committed deltas (`features` of `DraftAddItem`, `DraftRoundItem`, `JitItem`); a block
 whose size is not a whole number of rows, or that the worker refuses, gets `Error(invalid_argument)` for its
 sequence and is ignored (the tokens still apply). An ordinary draft ignores features.
+
+A `DraftRound` may carry a fan-out (the router's online fan-out, F_0..F_K): its rounds fork that many
+candidates per position instead of the draft's own. One the draft cannot run (not K+1 counts, or over the
+budget its scratch space is sized for) gets `Error(invalid_argument)` and those rounds use the draft's own.
 """
 from __future__ import annotations
 
@@ -81,7 +85,7 @@ class DraftHandler(Handler):
 
     def handle(self, batch) -> None:
         jits: dict = {}    # key -> (peer, batch_id, seq, k)
-        rounds: dict = {}  # key -> (peer, seq, round, spec)
+        rounds: dict = {}  # key -> (peer, seq, round, spec, fanout or None)
         vocab = self.worker.model.cfg.vocab_size
         for peer, msg in batch:
             if isinstance(msg, wire.DraftAdd):
@@ -105,9 +109,15 @@ class DraftHandler(Handler):
                         rounds.pop((peer, it.seq), None)
                         jits[(peer, it.seq)] = (peer, msg.batch_id, it.seq, it.k)
             elif isinstance(msg, wire.DraftRound):
+                fanout = None
+                if msg.fanout:
+                    try:
+                        fanout = self.worker.check_fanout(msg.fanout)
+                    except ValueError as e:
+                        self._error(peer, "invalid_argument", f"{e}; this round uses the draft's own")
                 for it in msg.items:
                     if self._commit(peer, it.seq, it.delta, it.features):
-                        rounds[(peer, it.seq)] = (peer, it.seq, it.round, list(it.spec))
+                        rounds[(peer, it.seq)] = (peer, it.seq, it.round, list(it.spec), fanout)
             else:
                 self._error(peer, "unexpected_message", f"the draft does not handle {type(msg).__name__}")
         if jits:
@@ -130,10 +140,11 @@ class DraftHandler(Handler):
     def _speculate(self, rounds: dict) -> None:
         t0 = time.perf_counter()
         keys = list(rounds)
-        published = self.worker.speculate([(key, rounds[key][3]) for key in keys])
+        published = self.worker.speculate([(key, rounds[key][3]) for key in keys],
+                                          {key: rounds[key][4] for key in keys if rounds[key][4] is not None})
         elapsed = time.perf_counter() - t0
         for key in keys:
-            peer, seq, rnd, _ = rounds[key]
+            peer, seq, rnd, *_ = rounds[key]
             entries = [wire.CacheEntry(j, t, list(e.tokens), None if e.proposal is None else
                                        [(list(i), list(p)) for i, p in e.proposal])
                        for (j, t), e in published[key].items()]
@@ -148,6 +159,6 @@ def run(cfg: DraftConfig) -> int:
 
     def build(model) -> DraftWorker:
         return DraftWorker(model, cfg.max_seqs, min(cfg.max_len, model.cfg.max_position_embeddings), cfg.k, fanout,
-                           cfg.kv_tokens, cfg.block_size)
+                           cfg.kv_tokens, cfg.block_size, cuda_graphs=cfg.cuda_graphs)
 
     return run_worker(cfg, "draft", cfg.model or draft_dir(cfg.models_dir), build, DraftHandler, cfg.k, fanout)

@@ -35,6 +35,7 @@ from ssd.params import FinishReason, SamplingParams, finish_reason, speculation_
 from ssd.spec.adaptive import AdaptiveK, CostTable
 from ssd.spec.backup import BackupPolicy, BackupTimings, choose_backup
 from ssd.spec.cache import CacheEntry, LookupReason, SpeculationCache
+from ssd.spec.fanout import FanoutPolicy
 from ssd.spec.ngram import ngram_propose
 from services.router import features
 from services.router.metrics import RouterMetrics
@@ -79,6 +80,7 @@ class Request:
     since_probe: int = 0           # rounds run with speculation off since the last probe round
     since_explore: int = 0         # rounds run at the adaptive choice since one ran at a neighbouring K
     drafted: bool = False          # a DraftRound went out with this round (so a cache miss is informative)
+    fanout_sent: list[int] | None = None   # the fan-out that DraftRound asked for (None: the draft's own)
     verify_batch: int = 0          # the verify batch holding this round: only its outcome counts
     target_failures: int = 0       # target batches that failed as a whole while holding this sequence
     first_token_at: float | None = None
@@ -103,6 +105,7 @@ class CoreConfig:
     verify_inflight: int = 1       # verify batches out to one target at a time (0 = no limit); see _dispatch
     verify_hold: float = 5.0       # a batch out longer than this no longer holds the next one back
     jit_linger: float = 0.05       # at most this long a free target waits for its sequences' JITs to land
+    adaptive_fanout: bool = True   # each DraftRound carries a fan-out from ssd.spec.fanout.FanoutPolicy
 
 
 @dataclass(slots=True)
@@ -157,6 +160,8 @@ class RouterCore:
         self.k = 0
         self.max_len = 0
         self.adaptive: dict[str, AdaptiveK] = {}  # per speculating mode, made at handshake (K known)
+        self._fanout: dict[Peer, FanoutPolicy] = {}      # per draft replica, made at its first round
+        self._fanout_logged: dict[Peer, list[int]] = {}
         self._choice: dict[str, int] = {}
         self._adapt_logged = 0.0
         self._incoming: queue.Queue = queue.Queue()
@@ -284,6 +289,7 @@ class RouterCore:
                 known.last_seen = 0.0  # the next liveness pass moves its sequences
                 self._liveness()
                 pool.remove(known)
+                self._fanout.pop(known, None), self._fanout_logged.pop(known, None)
                 self._poller.unregister(known.sock)
                 known.close()
 
@@ -624,6 +630,8 @@ class RouterCore:
             self.metrics.cache_lookup(reason.value)
             if req.drafted and req.mode in self.adaptive:
                 self.adaptive[req.mode].observe_lookup(reason is LookupReason.HIT)
+            if req.drafted:
+                self._observe_fanout(req, j, reason)
             if req.k_now == 0:
                 self._backup(req, BackupPolicy.NONE)
                 return
@@ -692,6 +700,7 @@ class RouterCore:
             if r.drafted:
                 rounds.setdefault(r.draft, []).append(wire.DraftRoundItem(r.seq, r.round + 1, self._delta(r), r.spec,
                                                                           self._take_features(r)))
+                r.fanout_sent = None
         for t, items in verifies.items():
             self._lingering.pop(t, None)
             batch_id = next(self._batches)
@@ -701,8 +710,45 @@ class RouterCore:
                 self.active[it.seq].verify_batch = batch_id
             t.send(wire.Verify(batch_id, items, any(self._wants_features(self.active[it.seq]) for it in items)))
         for d, items in rounds.items():
+            fanout = self._round_fanout(d)
+            for it in items:
+                self.active[it.seq].fanout_sent = fanout or None
             for run in features.runs(items):
-                d.send(wire.DraftRound(run))
+                d.send(wire.DraftRound(run, fanout))
+
+    def _fanout_policy(self, draft: Peer) -> FanoutPolicy | None:
+        if not (self.cfg.adaptive_fanout and self.k and draft.ready is not None and draft.ready.fanout):
+            return None
+        policy = self._fanout.get(draft)
+        if policy is None:
+            policy = self._fanout[draft] = FanoutPolicy(self.k, sum(draft.ready.fanout))
+        return policy
+
+    def _round_fanout(self, draft: Peer) -> list[int]:
+        """The fan-out this round's DraftRound carries to `draft` (empty: its own): the split by the measured
+        acceptance (the ssd policy's, pooled over positions), the total by the draft's lateness."""
+        policy = self._fanout_policy(draft)
+        if policy is None:
+            return []
+        acceptance = self.adaptive["ssd"].acceptance if "ssd" in self.adaptive else [0.6]
+        fanout = policy.fanout(sum(acceptance) / len(acceptance))
+        if fanout != self._fanout_logged.get(draft):
+            self._fanout_logged[draft] = fanout
+            log.debug("fan-out for draft %s: %s (budget %d of %d, r %.2f)", draft.address, fanout, policy.budget,
+                      policy.max_budget, policy.exponent())
+        return fanout
+
+    def _observe_fanout(self, req: Request, j: int, reason: LookupReason) -> None:
+        """A drafted round's lookup, for its draft's fan-out policy: late or not; and for an outcome its draft had
+        candidates for (hit or no entry), how many it had."""
+        policy = self._fanout.get(req.draft) if req.draft is not None else None
+        if policy is None or reason in (LookupReason.STALE, LookupReason.FORCED):
+            return
+        policy.observe_late(reason is LookupReason.LATE)
+        if reason in (LookupReason.HIT, LookupReason.NO_ENTRY) and req.fanout_sent:
+            fan = req.fanout_sent[:len(req.spec)] + [req.fanout_sent[-1]]
+            if j < len(fan) and fan[j] > 0:
+                policy.observe_lookup(fan[j], reason is LookupReason.HIT)
 
     def _target_busy(self, target: Peer | None) -> bool:
         """Whether `target` already has `verify_inflight` verify batches out. Sequences that become ready meanwhile

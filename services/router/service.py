@@ -68,6 +68,9 @@ class RouterConfig:
                 "it does not pay; a request's speculation.k pins its K (false = always the draft's K)"})
     probe_every: int = field(default=16, metadata={
         "help": "adaptive: with speculation off, one round in this many speculates to re-measure acceptance"})
+    adaptive_fanout: bool = field(default=True, metadata={
+        "help": "send each draft a fan-out adjusted online: split by measured acceptance and miss rates, total cut "
+                "while its entries arrive late (false = the draft's own fan-out)"})
     verify_inflight: int = field(default=1, metadata={
         "help": "verify batches out to one target at a time: sequences that become ready meanwhile wait and go "
                 "together in the next one (0 = send each at once)"})
@@ -324,7 +327,8 @@ def run(cfg: RouterConfig) -> int:
     try:
         core = RouterCore(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
                                      cfg.ready_timeout, cfg.adaptive, cfg.probe_every,
-                                     verify_inflight=cfg.verify_inflight, jit_linger=cfg.jit_linger),
+                                     verify_inflight=cfg.verify_inflight, jit_linger=cfg.jit_linger,
+                                     adaptive_fanout=cfg.adaptive_fanout),
                           *static, tok.fingerprint, tok.eos_token_ids, discovery=discovery,
                           curve=curve)
     except ValueError as e:   # a setting out of range: say which, exit 2 like any other bad flag

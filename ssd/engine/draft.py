@@ -248,13 +248,26 @@ class DraftWorker:
         """Decode k tokens now for each sequence (the speculation for its next verification)."""
         return [sp for group in self._groups(seq_ids) for sp in self._jit(group, k)]
 
-    def speculate(self, items: list[tuple[int, list[int]]]) -> dict[int, dict[tuple[int, int], CacheEntry]]:
-        """For each (seq_id, speculation being verified): cache entries keyed by the anticipated (j, t*)."""
+    def check_fanout(self, fanout) -> list[int]:
+        """A fan-out this draft can run instead of its own: K+1 counts >= 0 whose sum is at most its own (the
+        scratch space is sized for that). Raises ValueError naming what is wrong."""
+        f = list(fanout)
+        if len(f) != self.k + 1 or any(not isinstance(x, int) or x < 0 for x in f):
+            raise ValueError(f"fanout must be K+1 = {self.k + 1} counts >= 0, got {f}")
+        if sum(f) > sum(self.fanout):
+            raise ValueError(f"fanout {f} sums to {sum(f)}, more than this draft's budget {sum(self.fanout)}")
+        return f
+
+    def speculate(self, items: list[tuple[int, list[int]]],
+                  fanouts: dict | None = None) -> dict[int, dict[tuple[int, int], CacheEntry]]:
+        """For each (seq_id, speculation being verified): cache entries keyed by the anticipated (j, t*).
+        `fanouts` (seq_id -> F_0..F_K, checked by `check_fanout`) replaces the draft's own for those sequences."""
         t0 = time.perf_counter()
         specs = dict(items)
+        fans = {i: self.check_fanout(f) for i, f in (fanouts or {}).items() if i in specs}
         out = {}
         for group in self._groups([i for i, _ in items]):
-            out |= self._speculate([(i, specs[i]) for i in group])
+            out |= self._speculate([(i, specs[i]) for i in group], [fans.get(i, self.fanout) for i in group])
         self.last_speculate_s = time.perf_counter() - t0
         return out
 
@@ -300,7 +313,8 @@ class DraftWorker:
         return specs
 
     @torch.inference_mode()
-    def _speculate(self, items: list[tuple[int, list[int]]]) -> dict[int, dict[tuple[int, int], CacheEntry]]:
+    def _speculate(self, items: list[tuple[int, list[int]]],
+                   fanouts: list[list[int]]) -> dict[int, dict[tuple[int, int], CacheEntry]]:
         seqs = [self.seqs[i] for i, _ in items]
         specs = [list(s) for _, s in items]
         rows, starts = self._catch_up_rows(seqs)
@@ -317,7 +331,7 @@ class DraftWorker:
             logits = self.model.logits(hidden[[b for b, _ in picks], [c for _, c in picks]])
         for s, sp in zip(seqs, specs):
             s.kv_len, s.written = len(s.tokens), list(sp)
-        forks_per_seq = select_forks_batch(logits, specs, self.fanout)
+        forks_per_seq = select_forks_batch(logits, specs, fanouts)
         for s, sp, forks in zip(seqs, specs, forks_per_seq):
             self.cache.ensure(s.slot, len(s.tokens) + len(sp) + 1 + len(forks) * self.k, scratch=True)
         entries = self._grow_branches(seqs, specs, forks_per_seq, glue_feats)
@@ -411,12 +425,15 @@ class DraftWorker:
         return out
 
 
-def select_forks_batch(logits: torch.Tensor, specs: list[list[int]], fanout: list[int]) -> list[list[tuple[int, int]]]:
-    """`select_forks` for every sequence at once (logits: the K_b + 1 rows of each sequence, in order), with
-    one top-k over all rows. A row whose top-n boundary is tied goes to `select_forks`, whose tie rule decides."""
+def select_forks_batch(logits: torch.Tensor, specs: list[list[int]],
+                       fanouts: list[list[int]]) -> list[list[tuple[int, int]]]:
+    """`select_forks` for every sequence at once (logits: the K_b + 1 rows of each sequence, in order; fanouts:
+    each sequence's F_0..F_K), with one top-k over all rows. A row whose top-n boundary is tied goes to
+    `select_forks`, whose tie rule decides."""
     V = logits.shape[1]
     counts, excluded, owner = [], [], []
     for b, sp in enumerate(specs):
+        fanout = fanouts[b]
         fan = fanout[:len(sp)] + [fanout[-1]]
         for j, f in enumerate(fan):
             counts.append(min(f, V - (1 if j < len(sp) else 0)))
@@ -447,7 +464,7 @@ def select_forks_batch(logits: torch.Tensor, specs: list[list[int]], fanout: lis
     start = 0
     for b, sp in enumerate(specs):
         if b in slow:
-            fan = fanout[:len(sp)] + [fanout[-1]]
+            fan = fanouts[b][:len(sp)] + [fanouts[b][-1]]
             out[b] = select_forks(logits[start:start + len(sp) + 1], torch.tensor(sp, dtype=torch.long), fan)
         start += len(sp) + 1
     return out

@@ -15,6 +15,8 @@ Contract
   raises every position to at least that many forks, taken from the positions most above their share,
   whenever ``budget >= min_fanout * (K+1)``; otherwise it is ignored.
 * ``fit_power_law`` and ``estimate_acceptance`` turn measured statistics into ``r`` and ``a``.
+* ``FanoutPolicy`` adjusts one draft's fan-out online from what the router measures: the split by Theorem 12
+  with the measured ``a`` and ``r``, the total shrunk while the draft's entries arrive late.
 
 Plain Python and numpy: the router imports this module and must not import torch.
 """
@@ -26,6 +28,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 __all__ = [
+    "FanoutPolicy",
     "acceptance_counts",
     "estimate_acceptance",
     "fit_power_law",
@@ -138,3 +141,63 @@ def estimate_acceptance(accepted: Sequence[int], offered: Sequence[int], prior: 
         raise ValueError(f"accepted ({acc}) must lie in 0..offered ({off})")
     a = (acc + prior * prior_strength) / (off + prior_strength) if off + prior_strength > 0 else prior
     return min(max(a, bounds[0]), bounds[1])
+
+
+class FanoutPolicy:
+    """The fan-out one draft should use, adjusted online (the router keeps one per draft and sends it with each
+    round; the draft's own fan-out sizes its scratch space, so that sum is the most it can take).
+
+    * Split: ``geometric_fanout`` with the measured acceptance ``a`` (given to ``fanout``) and the exponent ``r``
+      fitted to the measured miss rate at each fork count: ``observe_lookup(forks, hit)`` for an outcome the
+      draft had published ``forks`` candidates for. ``r_prior`` until some fork count above 1 has
+      ``min_lookups`` observations (counts decay by ``decay`` per observation, so ``r`` follows the text).
+    * Budget: the draft's own while its entries arrive in time. ``observe_late(late)`` for every lookup of a
+      drafted round; every ``window`` of them, a late fraction above ``late_high`` takes a quarter off the budget
+      (at least one fork, down to K + 1: one fork per position), one below ``late_low`` gives one back.
+    """
+
+    def __init__(self, k: int, max_budget: int, r_prior: float = 1.0, window: int = 32, late_high: float = 0.2,
+                 late_low: float = 0.05, decay: float = 0.98, min_lookups: float = 20.0):
+        _check(k, max_budget)
+        if not r_prior > 0:
+            raise ValueError(f"r_prior must be > 0, got {r_prior}")
+        if window < 1 or not 0 <= late_low <= late_high <= 1:
+            raise ValueError("need window >= 1 and 0 <= late_low <= late_high <= 1")
+        self.k, self.max_budget, self.r_prior = k, max_budget, r_prior
+        self.min_budget = min(k + 1, max_budget)
+        self.budget = max_budget
+        self.window, self.late_high, self.late_low = window, late_high, late_low
+        self.decay, self.min_lookups = decay, min_lookups
+        self._lookups: dict[int, float] = {}
+        self._misses: dict[int, float] = {}
+        self._seen = self._late = 0
+
+    def observe_lookup(self, forks: int, hit: bool) -> None:
+        for f in self._lookups:
+            self._lookups[f] *= self.decay
+            self._misses[f] *= self.decay
+        self._lookups[forks] = self._lookups.get(forks, 0.0) + 1.0
+        self._misses[forks] = self._misses.get(forks, 0.0) + (0.0 if hit else 1.0)
+
+    def observe_late(self, late: bool) -> None:
+        self._seen += 1
+        self._late += late
+        if self._seen < self.window:
+            return
+        fraction = self._late / self._seen
+        self._seen = self._late = 0
+        if fraction > self.late_high:
+            self.budget = max(self.min_budget, self.budget - max(1, self.budget // 4))
+        elif fraction < self.late_low:
+            self.budget = min(self.max_budget, self.budget + 1)
+
+    def exponent(self) -> float:
+        """``r`` fitted to the fork counts with enough lookups, else the prior (also when the fit is not > 0)."""
+        points = [(f, self._misses[f] / n) for f, n in self._lookups.items() if f > 1 and n >= self.min_lookups]
+        if not points:
+            return self.r_prior
+        r = fit_power_law([f for f, _ in points], [m for _, m in points])
+        return r if r > 0 else self.r_prior
+
+    def fanout(self, a: float) -> list[int]:
+        return geometric_fanout(self.k, self.budget, min(max(a, 0.01), 0.99), self.exponent())

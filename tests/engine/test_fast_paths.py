@@ -1,4 +1,5 @@
 """The CPU hot paths give exactly what the plain formulations give."""
+import pytest
 import torch
 
 from ssd.engine.ar import AREngine
@@ -59,14 +60,33 @@ def test_batched_fork_selection_equals_select_forks():
         V = int(torch.randint(4, 40, (1,), generator=g))
         specs = [torch.randint(0, V, (int(torch.randint(0, 4, (1,), generator=g)),), generator=g).tolist()
                  for _ in range(int(torch.randint(1, 5, (1,), generator=g)))]
-        fanout = torch.randint(0, 4, (4,), generator=g).tolist()
+        # one fan-out for all, or (every third trial) one per sequence, as the router's online fan-out sends
+        fanouts = [torch.randint(0, 4, (4,), generator=g).tolist()] * len(specs) if trial % 3 else \
+            [torch.randint(0, 4, (4,), generator=g).tolist() for _ in specs]
         rows = sum(len(s) + 1 for s in specs)
         logits = torch.randn(rows, V, generator=g)
         if trial % 2:
             logits = logits.mul(2).round()   # many ties
         expect, at = [], 0
-        for sp in specs:
+        for sp, fanout in zip(specs, fanouts):
             fan = fanout[:len(sp)] + [fanout[-1]]
             expect.append(select_forks(logits[at:at + len(sp) + 1], torch.tensor(sp, dtype=torch.long), fan))
             at += len(sp) + 1
-        assert select_forks_batch(logits, specs, fanout) == expect, trial
+        assert select_forks_batch(logits, specs, fanouts) == expect, trial
+
+
+def test_a_fanout_override_sets_the_forks_per_position_and_is_checked(tiny_llama_dir):
+    """The router's online fan-out: per sequence, F_j entries anticipate outcome j; a fan-out the draft cannot
+    run (wrong length, negative, over its budget) is refused naming the problem."""
+    model = load_model(tiny_llama_dir)
+    k, fanout = 3, [2, 2, 2, 2]
+    worker = DraftWorker(model, 2, 64, k, fanout)
+    for i, p in enumerate(([5, 6, 7, 8], [9, 10, 11])):
+        worker.add(i, p, DraftParams())
+    published = worker.speculate([(0, [12, 13, 14]), (1, [15, 16, 17])], fanouts={1: [4, 1, 0, 3]})
+    per_j = lambda entries: [sum(1 for j, _ in entries if j == jj) for jj in range(k + 1)]  # noqa: E731
+    assert per_j(published[0]) == fanout and per_j(published[1]) == [4, 1, 0, 3]
+    for bad, message in (([1, 1, 1], "K\\+1 = 4 counts"), ([1, -1, 1, 1], "counts >= 0"),
+                         ([3, 3, 3, 0], "more than this draft's budget 8")):
+        with pytest.raises(ValueError, match=message):
+            worker.speculate([(0, [1, 2, 3])], fanouts={0: bad})

@@ -236,3 +236,44 @@ def test_the_wait_for_jits_is_bounded():
 def test_out_of_range_dispatch_settings_are_refused_with_their_name(setting):
     with pytest.raises(ValueError, match=next(iter(setting))):
         RouterCore(CoreConfig(mode="ar", **setting), ["tcp://127.0.0.1:9"], [], "h", [2])
+
+
+def make_ssd_core(**cfg) -> RouterCore:
+    core = RouterCore(CoreConfig(mode="ssd", **cfg), ["tcp://127.0.0.1:9"], ["tcp://127.0.0.1:10"], "h", [2])
+    core.sent = []
+    for peer in (*core.targets, *core.drafts):
+        peer.ready, peer.alive = ready(peer.role), True
+        peer.send = lambda msg: core.sent.append(msg) or True
+    core.handshake()
+    return core
+
+
+@pytest.mark.parametrize("adaptive_fanout", [True, False])
+def test_each_draft_round_carries_the_online_fanout_and_lookups_feed_it(adaptive_fanout):
+    """ssd: the DraftRound sent with a verify carries a fan-out of K+1 counts within the draft's budget (empty
+    with adaptive_fanout off); the next outcome's lookup counts toward that draft's policy."""
+    core = make_ssd_core(adaptive_fanout=adaptive_fanout)
+    try:
+        req = core.submit("f0", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd")
+        core._take_new()
+        take(core, wire.Prefill)
+        core._on_target(core.targets[0], wire.Prefilled([(req.seq, 9)], 0.01, []))
+        core._dispatch()
+        for jit in take(core, wire.Jit):     # the first round after prefill is a forced miss
+            jit_answer(core, jit)
+        core._dispatch()
+        (verify,), (draft_round,) = take(core, wire.Verify), take(core, wire.DraftRound)
+        if not adaptive_fanout:
+            assert draft_round.fanout == [] and not core._fanout
+            return
+        fan = draft_round.fanout
+        assert len(fan) == core.k + 1 and sum(fan) <= 5 and req.fanout_sent == fan
+        # the draft publishes for outcome (j = 0, t* = 4): the target then answers exactly that outcome
+        core._on_draft(core.drafts[0], wire.CacheEntries(req.seq, req.round + 1, [wire.CacheEntry(0, 4, [1, 2, 3],
+                                                                                                   None)], 0.01))
+        core._on_target(core.targets[0], wire.Outcomes(verify.batch_id, [wire.Outcome(req.seq, 0, 4)], 0.05, []))
+        policy = core._fanout[core.drafts[0]]
+        assert policy._seen == 1 and policy._late == 0        # looked up, in time
+        assert policy._lookups == {fan[0]: 1.0} and policy._misses == {fan[0]: 0.0}   # a hit with F_0 forks
+    finally:
+        core._shutdown()

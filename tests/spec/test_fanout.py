@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from ssd.spec.fanout import (acceptance_counts, estimate_acceptance, fit_power_law, geometric_fanout,
+from ssd.spec.fanout import (FanoutPolicy, acceptance_counts, estimate_acceptance, fit_power_law, geometric_fanout,
                              geometric_weights, uniform_fanout)
 
 GRID = list(itertools.product([0, 1, 3, 5, 8], [0, 1, 3, 4, 7, 16, 31, 64, 100], [0.3, 0.6, 0.8, 0.95],
@@ -101,3 +101,51 @@ def test_estimate_acceptance_converges_to_data_and_holds_prior_on_few_samples():
     assert estimate_acceptance([10_000], [10_000]) == 0.99
     assert 0 < geometric_fanout(4, 20, estimate_acceptance([10_000], [10_000]), 1.0)[-1]
     assert math.isfinite(estimate_acceptance([0], [100_000]))
+
+
+def test_policy_splits_by_theorem_12_with_the_measured_acceptance():
+    p = FanoutPolicy(3, 12)
+    assert p.fanout(0.8) == geometric_fanout(3, 12, 0.8, 1.0)
+    assert p.fanout(0.3) == geometric_fanout(3, 12, 0.3, 1.0)
+    assert p.fanout(1.5) == geometric_fanout(3, 12, 0.99, 1.0)   # acceptance clipped into (0, 1)
+    assert sum(p.fanout(0.5)) == 12
+
+
+def test_policy_fits_r_from_miss_rates_at_each_fork_count():
+    p = FanoutPolicy(3, 12, min_lookups=10)
+    assert p.exponent() == 1.0   # the prior until enough lookups
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        f = int(rng.choice([2, 4]))
+        p.observe_lookup(f, rng.random() >= f ** -0.5)   # miss(F) = F^-0.5
+    assert p.exponent() == pytest.approx(0.5, abs=0.12)
+    assert p.fanout(0.6) == geometric_fanout(3, 12, 0.6, p.exponent())
+
+
+def test_policy_cuts_the_budget_while_late_and_gives_it_back():
+    p = FanoutPolicy(3, 16, window=10)
+    for _ in range(10):
+        p.observe_late(True)
+    assert p.budget == 12                      # a quarter off
+    for _ in range(100):
+        p.observe_late(True)
+    assert p.budget == 4                       # never below one fork per position (K + 1)
+    for _ in range(30):
+        p.observe_late(False)
+    assert p.budget == 7                       # one back per window in time
+    for _ in range(300):
+        p.observe_late(False)
+    assert p.budget == 16                      # never above the draft's own
+    for _ in range(10):
+        p.observe_late(_ % 10 == 0)            # 10%: between the thresholds, unchanged
+    assert p.budget == 16
+
+
+def test_policy_settings_are_checked():
+    with pytest.raises(ValueError):
+        FanoutPolicy(3, -1)
+    with pytest.raises(ValueError, match="r_prior"):
+        FanoutPolicy(3, 8, r_prior=0)
+    with pytest.raises(ValueError, match="late_low"):
+        FanoutPolicy(3, 8, late_low=0.5, late_high=0.2)
+    assert FanoutPolicy(3, 2).min_budget == 2   # a draft budget under K + 1 stays what it is
