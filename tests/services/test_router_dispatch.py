@@ -161,9 +161,10 @@ def test_target_answers_a_verify_none_of_whose_items_could_run(default_models):
     assert isinstance(outcomes, wire.Outcomes) and outcomes.batch_id == 3 and outcomes.items == []
 
 
-def make_sd_core(**cfg) -> RouterCore:
-    core = RouterCore(CoreConfig(mode="sd", adaptive=False, **cfg), ["tcp://127.0.0.1:9"], ["tcp://127.0.0.1:10"],
-                      "h", [2])
+def make_sd_core(mode="sd", **cfg) -> RouterCore:
+    """A router core with one target and one draft that record what they are sent (adaptive K off unless asked)."""
+    cfg.setdefault("adaptive", False)
+    core = RouterCore(CoreConfig(mode=mode, **cfg), ["tcp://127.0.0.1:9"], ["tcp://127.0.0.1:10"], "h", [2])
     core.sent = []
     for peer in (*core.targets, *core.drafts):
         peer.ready, peer.alive = ready(peer.role), True
@@ -238,21 +239,11 @@ def test_out_of_range_dispatch_settings_are_refused_with_their_name(setting):
         RouterCore(CoreConfig(mode="ar", **setting), ["tcp://127.0.0.1:9"], [], "h", [2])
 
 
-def make_ssd_core(**cfg) -> RouterCore:
-    core = RouterCore(CoreConfig(mode="ssd", **cfg), ["tcp://127.0.0.1:9"], ["tcp://127.0.0.1:10"], "h", [2])
-    core.sent = []
-    for peer in (*core.targets, *core.drafts):
-        peer.ready, peer.alive = ready(peer.role), True
-        peer.send = lambda msg: core.sent.append(msg) or True
-    core.handshake()
-    return core
-
-
 @pytest.mark.parametrize("adaptive_fanout", [True, False])
 def test_each_draft_round_carries_the_online_fanout_and_lookups_feed_it(adaptive_fanout):
     """ssd: the DraftRound sent with a verify carries a fan-out of K+1 counts within the draft's budget (empty
     with adaptive_fanout off); the next outcome's lookup counts toward that draft's policy."""
-    core = make_ssd_core(adaptive_fanout=adaptive_fanout)
+    core = make_sd_core("ssd", adaptive=True, adaptive_fanout=adaptive_fanout)
     try:
         req = core.submit("f0", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd")
         core._take_new()
