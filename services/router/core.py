@@ -726,12 +726,12 @@ class RouterCore:
 
     def _round_fanout(self, draft: Peer) -> list[int]:
         """The fan-out this round's DraftRound carries to `draft` (empty: its own): the split by the measured
-        acceptance (the ssd policy's, pooled over positions), the total by the draft's lateness."""
+        acceptance (the ssd policy's first position), the total by the draft's lateness."""
         policy = self._fanout_policy(draft)
         if policy is None:
             return []
-        acceptance = self.adaptive["ssd"].acceptance if "ssd" in self.adaptive else [0.6]
-        fanout = policy.fanout(sum(acceptance) / len(acceptance))
+        # the first position's acceptance: every speculating round measures it (later positions only at K >= 2)
+        fanout = policy.fanout(self.adaptive["ssd"].acceptance[0] if "ssd" in self.adaptive else 0.6)
         if fanout != self._fanout_logged.get(draft):
             self._fanout_logged[draft] = fanout
             log.debug("fan-out for draft %s: %s (budget %d of %d, r %.2f)", draft.address, fanout, policy.budget,
