@@ -326,7 +326,6 @@ class RemoteDraft:
 def two_process_engine(target: Decoder, draft_cfg: ModelConfig, conn, k: int, max_batch: int, max_len: int,
                        graphs: str = "auto"):
     from ssd.engine.speculative import SpecConfig, SpeculativeEngine
-    from ssd.engine.target import TargetWorker
 
     class TwoProcessSSD(SpeculativeEngine):
         """SpeculativeEngine whose draft runs in another process, speculating while the target verifies."""
@@ -351,8 +350,7 @@ def two_process_engine(target: Decoder, draft_cfg: ModelConfig, conn, k: int, ma
     with torch.device("meta"):
         placeholder = Decoder(draft_cfg)   # the engine builds a DraftWorker; it is replaced by the remote one
     engine = TwoProcessSSD(target, placeholder, SpecConfig(mode="ssd", k=k), max_batch=max_batch, max_len=max_len,
-                           eos_token_ids=(), cuda_graphs="off")   # a placeholder draft on the meta device
-    engine.target = TargetWorker(target, max_batch, engine.max_len, cuda_graphs=graphs)
+                           eos_token_ids=(), cuda_graphs=graphs)
     engine.draft = RemoteDraft(conn)
     return engine
 
@@ -602,9 +600,9 @@ def main() -> int:
         result["errors"].append(f"build: {traceback.format_exc()}")
     if target is not None and "bandwidth_gb_s" in result:
         bw = result["bandwidth_gb_s"] * 1e9
-        attempt("decode", lambda: time_decode(target, [1, 8, 32] if not args.smoke else [1, 4], bw,
-                                              128 if not args.smoke else 8, args.reps if not args.smoke else 3,
-                                              graphs=dev == "cuda"))
+        attempt("decode", lambda t=target: time_decode(t, [1, 8, 32] if not args.smoke else [1, 4], bw,
+                                                   128 if not args.smoke else 8,
+                                                   args.reps if not args.smoke else 3, graphs=dev == "cuda"))
     del target
     if dev == "cuda":
         torch.cuda.empty_cache()

@@ -28,7 +28,8 @@ from ssd.params import SamplingParams
 
 log = logging.getLogger("ssd.tp")
 
-SETTINGS = ("log_level", "cpus", "threads", "max_seqs", "max_len", "kv_tokens", "block_size", "cuda_graphs")
+SETTINGS = ("log_level", "cpus", "threads", "max_seqs", "max_len", "kv_tokens", "block_size", "cuda_graphs",
+            "dtype")
 
 
 def build_target(model, s: dict) -> TargetWorker:
@@ -164,7 +165,8 @@ def follower_main(rank: int, size: int, port: int, folder: str, settings: dict) 
     from ssd.models.loader import load_model
 
     tp = init_rank(rank, size, port)
-    worker = build_target(load_model(folder, tp=tp), settings)
+    worker = build_target(load_model(folder, dtype=getattr(torch, settings.get("dtype", "float32")), tp=tp),
+                          settings)
     log.info("tensor-parallel rank %d of %d ready", rank, size)
     try:
         follow(worker, OpChannel())

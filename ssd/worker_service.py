@@ -145,6 +145,8 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
     except ValueError as e:
         log.error("%s", e)
         return 2
+    import torch
+
     from ssd.models.loader import load_model
     from ssd.tokenizer import Tokenizer
 
@@ -180,12 +182,10 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
         followers = Followers(cfg.tp_size, str(folder), {name: getattr(cfg, name) for name in SETTINGS})
         tp = followers.init_leader()
         channel = OpChannel()
-        model = load_model(folder, tp=tp)
+        model = load_model(folder, dtype=getattr(torch, cfg.dtype), tp=tp)
         worker = MirroredTarget(build(model), channel)
         log.info("tensor parallel over %d ranks", cfg.tp_size)
     else:
-        import torch
-
         model = load_model(folder, dtype=getattr(torch, cfg.dtype), device=cfg.device)
         worker = build(model)
     tok = Tokenizer.from_folder(folder)

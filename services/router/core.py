@@ -700,7 +700,6 @@ class RouterCore:
             if r.drafted:
                 rounds.setdefault(r.draft, []).append(wire.DraftRoundItem(r.seq, r.round + 1, self._delta(r), r.spec,
                                                                           self._take_features(r)))
-                r.fanout_sent = None
         for t, items in verifies.items():
             self._lingering.pop(t, None)
             batch_id = next(self._batches)
