@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 PROMPT ?= Write a Python function that checks whether a number is prime.
 PYTEST_ARGS ?=
 
-.PHONY: setup redis models run test test-all bench clean
+.PHONY: setup redis models run test test-all bench constraints clean
 
 $(BIN)/.ssd-setup: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ test-all: models
 
 bench: models
 	$(BIN)/python bench/ar.py
+
+constraints: setup
+	{ sed -n 1,3p deploy/docker/constraints.txt; $(BIN)/pip freeze --exclude-editable | sed 's/^torch==\([0-9.]*\)+.*/torch==\1/'; \
+	  grep '^flash-attn==' deploy/docker/constraints.txt; } > deploy/docker/constraints.txt.new
+	mv deploy/docker/constraints.txt.new deploy/docker/constraints.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -46,10 +46,40 @@ def test_multi_stage_with_a_cpu_default_and_a_cuda_variant(instructions):
 def test_torch_first_on_its_own_pip_line_from_the_variants_index(instructions):
     st = stages(instructions)
     pip_lines = [v for ins, v in st["build"] if ins == "RUN" and "pip install" in v]
-    assert pip_lines[0].split() == ["pip", "install", '"torch==${TORCH_VERSION}"', "--index-url", '"${TORCH_INDEX_URL}"']
+    assert pip_lines[0].split() == ["pip", "install", '"torch==${TORCH_VERSION}"', "--index-url", '"${TORCH_INDEX_URL}"',
+                                    "-c", "constraints.txt"]
     assert ("ENV", "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu") in st["base-cpu"]
     assert any(ins == "ENV" and "download.pytorch.org/whl/cu" in v for ins, v in st["base-cuda"])
-    assert 'pip install ".${EXTRAS}"' in pip_lines[1]
+    assert pip_lines[1] == 'pip install ".${EXTRAS}" -c constraints.txt'
+    assert ("COPY", "deploy/docker/constraints.txt ./constraints.txt") in st["build"]
+
+
+def test_the_constraints_pin_every_dependency_within_the_projects_ranges():
+    """The image is reproducible: each runtime and CUDA dependency of pyproject.toml has exactly one == pin, and
+    that pin satisfies the project's own range (the file is a freeze of a working .venv)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    pins = {}
+    for line in (ROOT / "deploy" / "docker" / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = Version(version)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for spec in project["dependencies"] + project["optional-dependencies"]["cuda"]:
+        req = Requirement(spec)
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} is not pinned in constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} is outside {spec}"
+    assert str(pins["torch"]) == "2.13.0", "torch is pinned without a local tag (the CPU and CUDA wheels share it)"
+
+
+def test_the_cuda_variant_builds_on_a_devel_base(instructions):
+    (cuda_image,) = [v for ins, v in instructions if ins == "ARG" and v.startswith("CUDA_IMAGE=")]
+    assert "-devel-" in cuda_image, "flash-attn compiles against the CUDA toolkit: a runtime base has no nvcc"
 
 
 def test_runtime_runs_any_service_by_its_command_as_a_non_root_user(instructions):
