@@ -6,11 +6,13 @@ proposal q, verifies them, commits the accepted prefix and t*, and repeats until
 the empirical distribution of those 3 tokens must match the autoregressive target distribution.
 """
 import itertools
+from unittest import mock
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
+import ssd.spec.verify as verify_module
 from ssd.spec.proposal import proposal_probs, saguaro_reshape
 from ssd.spec.verify import verify_greedy, verify_greedy_batch, verify_sampling, verify_sampling_batch
 
@@ -41,7 +43,8 @@ class ToyModels:
         return out
 
 
-def simulate(toy, draft_q, verify_q=None, sparse_k=0, ragged=False, seed=1, n=SAMPLES) -> torch.Tensor:
+def simulate(toy, draft_q, verify_q=None, sparse_k=0, ragged=False, seed=1, n=SAMPLES,
+             verify=verify_sampling_batch) -> torch.Tensor:
     """Counts of the first GENERATED tokens over n speculative-decoding runs (vectorised across runs)."""
     gen = torch.Generator().manual_seed(seed)
     verify_q = verify_q or draft_q
@@ -65,7 +68,7 @@ def simulate(toy, draft_q, verify_q=None, sparse_k=0, ragged=False, seed=1, n=SA
             ids = q.topk(sparse_k, dim=-1).indices.sort(dim=-1).values
             q = (ids, q.gather(-1, ids))
         lengths = torch.randint(0, K + 1, (act.numel(),), generator=gen) if ragged else None
-        j, t_star = verify_sampling_batch(drafted, torch.stack(ps, 1), q, gen, lengths)
+        j, t_star = verify(drafted, torch.stack(ps, 1), q, gen, lengths)
         for s in range(K + 1):
             tok = drafted[:, s] if s < K else t_star
             tok = torch.where(j == s, t_star, tok)
@@ -192,3 +195,182 @@ def test_greedy_target_and_draft_reduce_to_greedy_verification():
 def test_saguaro_reshaped_q_differs_from_plain_q():
     probs = torch.tensor([[0.5, 0.3, 0.2]])
     assert not torch.allclose(saguaro_reshape(probs, 0.4, 0), probs)
+
+
+# Exact checks of one round, by enumeration, and the wrong verifiers they must reject.
+#
+# A round with K = 2 over a vocabulary of 4, with a target p_i and a proposal q_i at each position i (the same for
+# every context, so the AR distribution is the product of the p_i). Every draft the proposal can emit is
+# enumerated with its probability, and the verifier's K+1 uniforms run over a midpoint grid of N points each.
+# The round's emitted tokens are completed to K+1 tokens from the target itself (what later rounds give a correct
+# verifier); the result must be the AR distribution. Every threshold a correct verifier uses (p/q below 1, the
+# residual's and the bonus distribution's CDF) lies on the grid, so the enumeration is exact, not a sample.
+
+N_GRID, V_ROUND, K_ROUND = 12, 4, 2
+P_ROUND = torch.tensor([[1 / 4, 1 / 4, 1 / 4, 1 / 4], [1 / 2, 1 / 4, 1 / 8, 1 / 8], [1 / 6, 1 / 3, 1 / 4, 1 / 4]],
+                       dtype=torch.float64)
+Q_ROUND = torch.tensor([[1 / 2, 1 / 4, 1 / 8, 1 / 8], [1 / 4, 1 / 4, 1 / 2, 0.0]], dtype=torch.float64)
+
+
+def _on_grid(x: torch.Tensor) -> bool:
+    return bool(torch.allclose(x * N_GRID, (x * N_GRID).round(), atol=1e-9))
+
+
+def test_round_thresholds_lie_on_the_enumeration_grid():
+    """Why the enumeration below is exact: a correct verifier's thresholds fall between grid midpoints."""
+    p, q = P_ROUND[:K_ROUND], Q_ROUND
+    ratio = p / q
+    assert _on_grid(ratio[(q > 0) & (ratio < 1)])
+    residual = (p - q).clamp_min(0)
+    assert _on_grid((residual / residual.sum(-1, keepdim=True)).cumsum(-1))
+    assert _on_grid(P_ROUND[K_ROUND].cumsum(-1))
+
+
+def round_distribution(verifier, sparse=False) -> torch.Tensor:
+    """P(first K+1 tokens) for one round of `verifier(draft[B, K], p[B, K+1, V], q, u[B, K+1])`, completed by AR."""
+    K, V = K_ROUND, V_ROUND
+    drafts = [d for d in itertools.product(range(V), repeat=K) if all(Q_ROUND[i, x] > 0 for i, x in enumerate(d))]
+    grid = (torch.arange(N_GRID, dtype=torch.float64) + 0.5) / N_GRID
+    u = torch.cartesian_prod(*[grid] * (K + 1))
+    draft = torch.tensor(drafts).repeat_interleave(len(u), dim=0)
+    u = u.repeat(len(drafts), 1)
+    weight = torch.prod(Q_ROUND[torch.arange(K), draft], dim=1) / N_GRID ** (K + 1)
+    B = len(draft)
+    p, q = P_ROUND.expand(B, K + 1, V), Q_ROUND.expand(B, K, V)
+    if sparse:  # the same q as (ids, probs), support listed in reverse order
+        ids = torch.arange(V).flip(0).expand(B, K, V)
+        q = (ids, q.flip(-1))
+    j, t_star = verifier(draft, p, q, u)
+    out = torch.zeros(V ** (K + 1), dtype=torch.float64)
+    for s in range(K + 1):
+        rows = j == s
+        emitted = torch.cat([draft[rows, :s], t_star[rows, None]], dim=1)
+        code = (emitted * torch.tensor([V ** (s - i) for i in range(s + 1)])).sum(1)
+        prefix = torch.zeros(V ** (s + 1), dtype=torch.float64).index_add_(0, code, weight[rows])
+        tail = torch.ones(1, dtype=torch.float64)
+        for i in range(s + 1, K + 1):
+            tail = torch.outer(tail, P_ROUND[i]).flatten()
+        out += torch.outer(prefix, tail).flatten()
+    return out
+
+
+def ar_distribution() -> torch.Tensor:
+    out = torch.ones(1, dtype=torch.float64)
+    for row in P_ROUND:
+        out = torch.outer(out, row).flatten()
+    return out
+
+
+def real_verifier(draft, p, q, u):
+    """`verify_sampling_batch` with its uniforms supplied (the contract: K+1 float64 uniforms per row)."""
+    with mock.patch.object(verify_module, "_uniforms", lambda B, n, generators, device: u):
+        return verify_sampling_batch(draft, p, q)
+
+
+def rule_verifier(flaw: str | None = None):
+    """The verification rule written out position by position, with one deliberate `flaw` (None: none)."""
+    def verify(draft, p, q, u, lengths=None):
+        B, K = draft.shape
+        rows = torch.arange(B)
+        n = torch.full((B,), K) if lengths is None else lengths
+        j = n.clone()
+        for i in range(K):
+            px, qx = p[rows, i, draft[:, i]], q[rows, i, draft[:, i]]
+            ratio = {"accept_with_q_over_p": qx / px, "accept_ignoring_q": px}.get(flaw, px / qx)
+            j = torch.where((j == n) & (i < n) & ~(u[:, i] < ratio), i, j)
+        p_j, q_j = p[rows, j], q[rows, j.clamp(max=K - 1)]
+        residual = p_j if flaw == "residual_is_normalized_p" else (p_j - q_j).clamp_min(0)
+        bonus = p[rows, (j - 1).clamp_min(0)] if flaw == "bonus_from_position_k_minus_1" else p_j
+        dist = torch.where((j < n)[:, None], residual, bonus)
+        cdf = dist.cumsum(-1)
+        t = torch.searchsorted(cdf, (u[:, K] * cdf[:, -1])[:, None], right=True).squeeze(1)
+        return j, t.clamp(max=dist.shape[-1] - 1)
+    return verify
+
+
+def sampled_with(verifier):
+    """`verifier` with the verify_sampling_batch signature, drawing its K+1 uniforms per row from `generator`."""
+    def verify(draft, p, q, generator, lengths):
+        u = torch.rand(draft.shape[0], draft.shape[1] + 1, generator=generator, dtype=torch.float64)
+        return verifier(draft, p, q, u, lengths)
+    return verify
+
+
+FLAWS = ["residual_is_normalized_p", "bonus_from_position_k_minus_1", "accept_with_q_over_p", "accept_ignoring_q"]
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense-q", "sparse-q"])
+def test_one_round_of_sampling_verification_gives_exactly_the_ar_distribution(sparse):
+    got = round_distribution(real_verifier, sparse)
+    torch.testing.assert_close(got, ar_distribution(), rtol=0, atol=1e-12)
+
+
+def test_the_rule_written_out_without_a_flaw_passes_the_exact_check():
+    torch.testing.assert_close(round_distribution(rule_verifier()), ar_distribution(), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("flaw", FLAWS)
+def test_exact_check_rejects_a_verifier_with_a_flaw(flaw):
+    gap = (round_distribution(rule_verifier(flaw)) - ar_distribution()).abs().max()
+    assert gap > 0.01
+
+
+@pytest.mark.parametrize("flaw", FLAWS)
+def test_chi_square_check_rejects_a_verifier_with_a_flaw(toy, exact, flaw):
+    """The sampled multi-round check has the power to see each flaw too. Ragged lengths are needed for the bonus
+    flaw: with K = 3 and 3 generated tokens a bonus token at full length K is never among the tokens counted."""
+    counts = simulate(toy, lambda lg: proposal_probs(lg, 1.0), ragged=True, seed=5,
+                      verify=sampled_with(rule_verifier(flaw)))
+    assert chi_square_pvalue(counts, exact) < 1e-6
+
+
+def test_chi_square_check_passes_the_rule_written_out_without_a_flaw(toy, exact):
+    counts = simulate(toy, lambda lg: proposal_probs(lg, 1.0), ragged=True, seed=5,
+                      verify=sampled_with(rule_verifier()))
+    assert chi_square_pvalue(counts, exact) > 1e-3
+
+
+def test_sampling_is_exact_with_a_dense_proposal_and_ragged_lengths(toy, exact):
+    """Ragged lengths put full-acceptance bonus tokens among the counted ones (see the flaw test above)."""
+    counts = simulate(toy, lambda lg: proposal_probs(lg, 1.0), ragged=True, seed=6)
+    assert chi_square_pvalue(counts, exact) > 1e-3
+
+
+def greedy_violations(verifier, V=3, K=2) -> int:
+    """Over every draft, target argmax and length: cases where the outcome is not 'accept the longest prefix that
+    equals the target's argmax, then emit the target's argmax'."""
+    cases = [(d, a, n) for d in itertools.product(range(V), repeat=K)
+             for a in itertools.product(range(V), repeat=K + 1) for n in range(K + 1)]
+    draft = torch.tensor([c[0] for c in cases])
+    argmax = torch.tensor([c[1] for c in cases])
+    lengths = torch.tensor([c[2] for c in cases])
+    j, t = verifier(draft, argmax, lengths)
+    bad = 0
+    for (d, a, n), jj, tt in zip(cases, j.tolist(), t.tolist()):
+        prefix_equal = list(d[:jj]) == list(a[:jj])
+        maximal = jj == n or d[jj] != a[jj]
+        bad += not (jj <= n and prefix_equal and maximal and tt == a[jj])
+    return bad
+
+
+def test_greedy_verification_is_right_for_every_small_input():
+    assert greedy_violations(verify_greedy_batch) == 0
+
+
+def test_greedy_check_rejects_a_verifier_that_accepts_one_token_too_many_or_too_few():
+    def too_many(draft, argmax, lengths):
+        j, _ = verify_greedy_batch(draft, argmax, lengths)
+        j = torch.minimum(j + 1, lengths)
+        return j, argmax.gather(1, j[:, None]).squeeze(1)
+
+    def too_few(draft, argmax, lengths):
+        j, _ = verify_greedy_batch(draft, argmax, lengths)
+        j = (j - 1).clamp_min(0)
+        return j, argmax.gather(1, j[:, None]).squeeze(1)
+
+    def bonus_from_last_draft_position(draft, argmax, lengths):
+        j, t = verify_greedy_batch(draft, argmax, lengths)
+        return j, torch.where(j == draft.shape[1], argmax[:, -2], t)
+
+    for wrong in (too_many, too_few, bonus_from_last_draft_position):
+        assert greedy_violations(wrong) > 0, wrong.__name__
