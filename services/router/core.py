@@ -20,6 +20,7 @@ A draft whose feature size differs is logged and gets none.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 import logging
 import queue
 import threading
@@ -67,8 +68,8 @@ class Request:
     events: object                 # anything with put(event): a queue.Queue, or an asyncio bridge
     mode: str = "ssd"
     k: int = 0                     # per-request K (0: the draft's)
-    deadline: float | None = None  # time.monotonic() after which the request ends with TIME_LIMIT
-    arrival: float = field(default_factory=time.monotonic)
+    deadline: float | None = None  # the core's clock() after which the request ends with TIME_LIMIT
+    arrival: float = 0.0           # the core's clock() at submit
     output: list[int] = field(default_factory=list)
     phase: Phase = Phase.PREFILL
     round: int = 0
@@ -82,6 +83,7 @@ class Request:
     drafted: bool = False          # a DraftRound went out with this round (so a cache miss is informative)
     fanout_sent: list[int] | None = None   # the fan-out that DraftRound asked for (None: the draft's own)
     verify_batch: int = 0          # the verify batch holding this round: only its outcome counts
+    jit_batch: int = 0             # the JIT batch that asked for this round's tokens: only its answer counts
     target_failures: int = 0       # target batches that failed as a whole while holding this sequence
     first_token_at: float | None = None
     last_emit_at: float = 0.0
@@ -122,7 +124,7 @@ class Timings:
 
 class RouterCore:
     def __init__(self, cfg: CoreConfig, targets: list[str], drafts: list[str], tokenizer_hash: str, eos_token_ids,
-                 metrics: RouterMetrics | None = None, discovery=None, curve=None):
+                 metrics: RouterMetrics | None = None, discovery=None, curve=None, clock=time.monotonic):
         if cfg.mode not in ("ar", "sd", "ssd"):
             raise ValueError(f"mode must be ar, sd or ssd, got {cfg.mode!r}")
         if cfg.mode != "ar" and not drafts and discovery is None:
@@ -133,6 +135,7 @@ class RouterCore:
             raise ValueError(f"jit_linger must be >= 0 seconds (0 = never wait), got {cfg.jit_linger}")
         drafts = drafts if cfg.mode != "ar" else []
         self.cfg = cfg
+        self.clock = clock  # every time the core reads (deadlines, liveness, holds, lingers); tests drive their own
         self.backup = BackupPolicy(cfg.backup)
         self.tokenizer_hash, self.eos = tokenizer_hash, frozenset(eos_token_ids)
         self._ctx = zmq.Context()
@@ -141,8 +144,8 @@ class RouterCore:
             raise ValueError("at least one target address (or a discovery source) is needed")
         self.discovery = discovery  # ssd.discovery.Discovery: workers that appear and leave at run time
         self._poller = zmq.Poller()
-        self.targets = [Peer(self._ctx, t, "target", curve) for t in targets]
-        self.drafts = [Peer(self._ctx, d, "draft", curve) for d in drafts]
+        self.targets = [Peer(self._ctx, t, "target", curve, clock) for t in targets]
+        self.drafts = [Peer(self._ctx, d, "draft", curve, clock) for d in drafts]
         self._load: dict[Peer, int] = {p: 0 for p in self.targets + self.drafts}
         self.vocab_size = 0
         self.hidden_size = 0  # the targets' (Ready.feature_size): 2 x this is the byte size of a feature row
@@ -195,7 +198,8 @@ class RouterCore:
                 raise ValueError(f"request_id: {rid!r} is already running")
             if old is not None:
                 self.abort(old)
-            req = Request(rid, next(self._seqs), list(prompt), params, events or queue.Queue(), mode, k, deadline)
+            req = Request(rid, next(self._seqs), list(prompt), params, events or queue.Queue(), mode, k, deadline,
+                          self.clock())
             self._by_rid[rid] = req
         self._incoming.put(req)
         return req
@@ -234,13 +238,13 @@ class RouterCore:
     # ---- start-up -------------------------------------------------------------------------------
     def handshake(self) -> None:
         """Wait for every worker's Ready and check that they fit together, or raise StartupError."""
-        deadline = time.monotonic() + self.cfg.ready_timeout
+        deadline = self.clock() + self.cfg.ready_timeout
         if self.discovery is not None:
             self.discovery.start()
             self._discover()
         peers = [*self.targets, *self.drafts]
         while not (all(p.alive for p in peers) and any(t.alive for t in self.targets)):
-            if time.monotonic() > deadline:
+            if self.clock() > deadline:
                 missing = ", ".join(f"{p.role} at {p.address}" for p in peers if not p.alive)
                 raise StartupError(f"no Ready from {missing} within {self.cfg.ready_timeout:.0f} s: is the "
                                    f"worker running (`ssd target` / `ssd draft`) and its data address right?")
@@ -249,7 +253,7 @@ class RouterCore:
                 peers = [*self.targets, *self.drafts]
             for p in peers:
                 p.receive()
-                p.tick(time.monotonic())
+                p.tick(self.clock())
             time.sleep(0.02)
         t = self.target.ready
         self.vocab_size, self.hidden_size = t.vocab_size, t.feature_size
@@ -279,7 +283,7 @@ class RouterCore:
             pool = self.targets if role == "target" else self.drafts
             known = next((p for p in pool if p.address == address), None)
             if change.kind == "added" and known is None and (role == "target" or self.cfg.mode != "ar"):
-                peer = Peer(self._ctx, address, role, self._curve)
+                peer = Peer(self._ctx, address, role, self._curve, self.clock)
                 pool.append(peer)
                 self._load[peer] = 0
                 self._poller.register(peer.sock, zmq.POLLIN)
@@ -348,7 +352,7 @@ class RouterCore:
             except queue.Empty:
                 break
             self._end(req, reason)
-        now = time.monotonic()
+        now = self.clock()
         for req in [r for r in (*self.active.values(), *self.waiting) if r.deadline is not None and r.deadline < now]:
             self._end(req, FinishReason.TIME_LIMIT)
         room = self.cfg.max_batch - len(self.active)
@@ -370,7 +374,7 @@ class RouterCore:
         self._assign(req, "target", self._pick(self.targets))
         req.phase = Phase.PREFILL if kind is wire.Prefill else Phase.RESTORE
         if req.target is None:
-            self._orphans.setdefault(req.seq, (req, kind, time.monotonic()))
+            self._orphans.setdefault(req.seq, (req, kind, self.clock()))
             return
         self._orphans.pop(req.seq, None)
         s = req.params
@@ -381,24 +385,35 @@ class RouterCore:
     def _on_target(self, peer: Peer, msg) -> None:
         if isinstance(msg, wire.Outcomes):
             self._out.get(peer, set()).discard(msg.batch_id)
+            sent = self._sent_at.pop(msg.batch_id, None)
+            if sent is None:   # its items match no sequence's verify_batch either: each is ignored below
+                log.warning("target %s answered verify batch %d, which is not out (answered before or never sent)",
+                            peer.address, msg.batch_id)
             if not msg.items:   # none of its items could run (each got an Error): nothing was verified
-                self._sent_at.pop(msg.batch_id, None)
                 return
-            self.timings.observe_verify(len(msg.items), msg.elapsed_s)
-            t = self.times
-            t.verify_batches += 1
-            t.target_verify_s += msg.elapsed_s
-            sent, positions = self._sent_at.pop(msg.batch_id, (time.monotonic(), 0))
-            roundtrip = time.monotonic() - sent
-            t.verify_roundtrip_s += roundtrip
-            self.metrics.target_verify(msg.elapsed_s, len(msg.items))
-            self.metrics.router_hop(max(0.0, roundtrip - msg.elapsed_s))
+            if sent is not None:
+                self.timings.observe_verify(len(msg.items), msg.elapsed_s)
+                t = self.times
+                t.verify_batches += 1
+                t.target_verify_s += msg.elapsed_s
+                roundtrip = self.clock() - sent[0]
+                t.verify_roundtrip_s += roundtrip
+                self.metrics.target_verify(msg.elapsed_s, len(msg.items))
+                self.metrics.router_hop(max(0.0, roundtrip - msg.elapsed_s))
             blocks = {seq: block for seq, *block in msg.features}
+            counts = Counter(out.seq for out in msg.items)
             for out in msg.items:
                 req = self.active.get(out.seq)
                 if req is None or req.phase is not Phase.VERIFY or req.target is not peer or \
                         req.verify_batch != msg.batch_id:
-                    continue  # a stale outcome: the sequence was restored since (this target stalled, then came back)
+                    # stale (the sequence finished or was restored since: this target stalled, then came back)
+                    log.debug("target %s: outcome for seq %d not awaited from batch %d: ignored", peer.address,
+                              out.seq, msg.batch_id)
+                    continue
+                problem = self._outcome_problem(req, out, counts[out.seq])
+                if problem:
+                    self._target_sent_bad(peer, req, problem)
+                    continue
                 self._keep_features(req, blocks.get(out.seq))
                 req.round += 1
                 new = req.spec[:out.accepted] + [out.token]
@@ -413,14 +428,21 @@ class RouterCore:
                     self._finish(req, req.finish)
                 else:
                     self._next(req, out.accepted, out.token)
-            if self.adaptive:
+            if self.adaptive and sent is not None:
                 # the target's compute: a round trip also holds time queued behind prefills, which K does not change
-                self._verify_cost.observe(positions, msg.elapsed_s, roundtrip - msg.elapsed_s)
+                self._verify_cost.observe(sent[1], msg.elapsed_s, roundtrip - msg.elapsed_s)
         elif isinstance(msg, wire.Prefilled):
             blocks = {seq: block for seq, *block in msg.features}
+            counts = Counter(seq for seq, _ in msg.items)
             for seq, token in msg.items:
                 req = self.active.get(seq)
                 if req is None or req.phase is not Phase.PREFILL or req.target is not peer:
+                    log.debug("target %s: first token for seq %d, which is not waiting for one: ignored",
+                              peer.address, seq)
+                    continue
+                problem = self._token_problem(token) or (f"{counts[seq]} first tokens" if counts[seq] > 1 else None)
+                if problem:
+                    self._target_sent_bad(peer, req, problem)
                     continue
                 self._keep_features(req, blocks.get(seq))
                 self.cache.start_sequence(seq, first_round=0)
@@ -448,13 +470,21 @@ class RouterCore:
             self.times.draft_round_s += msg.elapsed_s
             self.metrics.draft_round(msg.elapsed_s)
             req = self.active.get(msg.seq)
-            if req is not None and req.draft is peer:
-                entries = {(e.accepted, e.token): CacheEntry(e.tokens, e.proposal) for e in msg.entries}
-                self.cache.publish(msg.seq, msg.round, entries)
+            if req is None or req.draft is not peer:
+                log.debug("draft %s: cache entries for seq %d, which is not its sequence (now): ignored",
+                          peer.address, msg.seq)
+                return
+            problem = next(filter(None, (self._entry_problem(req, e) for e in msg.entries)), None)
+            if problem:   # the sequence misses this round and takes a backup: the target decides every token anyway
+                log.warning("draft %s: cache entries for seq %d round %d rejected: %s", peer.address, msg.seq,
+                            msg.round, problem)
+                return
+            entries = {(e.accepted, e.token): CacheEntry(e.tokens, e.proposal) for e in msg.entries}
+            self.cache.publish(msg.seq, msg.round, entries)
         elif isinstance(msg, wire.JitResult):
             sent = self._jit_sent.pop(msg.batch_id, None)
             if sent is not None:
-                roundtrip = time.monotonic() - sent
+                roundtrip = self.clock() - sent
                 self._jit_latency = 0.9 * self._jit_latency + 0.1 * roundtrip
                 for policy in self.adaptive.values():
                     policy.observe_jit(roundtrip, msg.elapsed_s)
@@ -464,11 +494,21 @@ class RouterCore:
             self.times.jit_batches += 1
             self.times.jit_s += msg.elapsed_s
             self.metrics.jit(msg.elapsed_s)
+            counts = Counter(seq for seq, _, _ in msg.items)
             for seq, tokens, proposal in msg.items:
                 req = self.active.get(seq)
-                if req is None or req.phase is not Phase.JIT or req.draft is not peer:
+                if req is None or req.phase is not Phase.JIT or req.draft is not peer or req.jit_batch != msg.batch_id:
+                    log.debug("draft %s: JIT tokens for seq %d, which did not ask batch %d for them: ignored",
+                              peer.address, seq, msg.batch_id)
                     continue
                 room = self._room(req)
+                problem = self._speculation_problem(req, tokens, proposal, room) or \
+                    (f"{counts[seq]} answers for one sequence" if counts[seq] > 1 else None)
+                if problem:
+                    log.warning("draft %s: JIT tokens for seq %d rejected (%s): n-gram backup", peer.address, seq,
+                                problem)
+                    self._backup(req, BackupPolicy.NGRAM)
+                    continue
                 req.spec = tokens[:room]
                 req.proposal = None if req.params.greedy else (proposal or [])[:room]
                 req.phase = Phase.READY
@@ -491,7 +531,7 @@ class RouterCore:
                 log.warning("draft error %s: %s (seq %s)", msg.code, msg.message, msg.seq)
 
     def _record_end(self, req: Request, reason: FinishReason) -> None:
-        now = time.monotonic()
+        now = self.clock()
         ttft = None if req.first_token_at is None else req.first_token_at - req.arrival
         self.metrics.request_finished(req.mode, reason.value, len(req.prompt), len(req.output), ttft, now - req.arrival)
 
@@ -519,12 +559,57 @@ class RouterCore:
         waiting = [r for r in self.active.values()
                    if r.target is peer and r.phase in (Phase.PREFILL, Phase.RESTORE, Phase.VERIFY)]
         for req in waiting:
-            req.target_failures += 1
-            if req.target_failures >= MAX_TARGET_FAILURES:
-                req.events.put(("error", f"target: {msg.message}"))
-                self._finish(req, FinishReason.ERROR, notify=False)
-            else:
-                self._send_prefill(req, wire.Prefill if req.phase is Phase.PREFILL else wire.Restore)
+            self._rebuild_on_target(req, msg.message)
+
+    def _rebuild_on_target(self, req: Request, problem: str) -> None:
+        """What the target holds for the sequence is in doubt: rebuild it there from the committed tokens, or fail
+        the request after MAX_TARGET_FAILURES such rebuilds (a failure that repeats)."""
+        req.target_failures += 1
+        if req.target_failures >= MAX_TARGET_FAILURES:
+            req.events.put(("error", f"target: {problem}"))
+            self._finish(req, FinishReason.ERROR, notify=False)
+        else:
+            self._send_prefill(req, wire.Prefill if req.phase is Phase.PREFILL else wire.Restore)
+
+    # ---- checking what workers answer -----------------------------------------------------------
+    # The codec checks each field's kind; these check what a field must mean for the sequence it names. A reply
+    # that fails is logged and never committed or cached: an outcome or first token rebuilds its sequence on
+    # the target, a cache entry is not published (a miss), a JIT answer gives way to an n-gram backup.
+    def _target_sent_bad(self, peer: Peer, req: Request, problem: str) -> None:
+        log.warning("target %s: reply for seq %d rejected (%s): rebuilding the sequence from its committed tokens",
+                    peer.address, req.seq, problem)
+        self._rebuild_on_target(req, f"invalid reply: {problem}")
+
+    def _token_problem(self, token: int) -> str | None:
+        return f"token {token} lies outside the vocabulary [0, {self.vocab_size})" if token >= self.vocab_size else None
+
+    def _outcome_problem(self, req: Request, out: wire.Outcome, copies: int) -> str | None:
+        if copies > 1:
+            return f"{copies} outcomes for one sequence in one batch"
+        if out.accepted > len(req.spec):
+            return f"j={out.accepted} accepted of a speculation of {len(req.spec)} tokens"
+        return self._token_problem(out.token)
+
+    def _entry_problem(self, req: Request, e: wire.CacheEntry) -> str | None:
+        if e.accepted > self.k:
+            return f"an entry for outcome j={e.accepted}, more than K={self.k}"
+        return self._token_problem(e.token) or self._speculation_problem(req, e.tokens, e.proposal, self.k)
+
+    def _speculation_problem(self, req: Request, tokens: list[int], proposal, k: int) -> str | None:
+        """Why draft tokens (a cache entry's or a JIT answer's) cannot be the sequence's next speculation of at
+        most `k` tokens: what the target would refuse (failing the request) must not reach it."""
+        if len(tokens) > k:
+            return f"{len(tokens)} tokens, more than the {k} asked for"
+        if tokens and max(tokens) >= self.vocab_size:
+            return self._token_problem(max(tokens))
+        if req.params.greedy:
+            return None
+        if proposal is None or len(proposal) != len(tokens):
+            return f"{'no' if proposal is None else len(proposal)} proposal rows for {len(tokens)} tokens"
+        for t, (ids, probs) in zip(tokens, proposal):
+            if max(ids) >= self.vocab_size or t not in ids or probs[ids.index(t)] <= 0:
+                return f"token {t} lies outside its proposal row's support (or the row outside the vocabulary)"
+        return None
 
     def _worker_error(self, role: str, msg) -> None:
         req = self.active.get(msg.seq) if msg.seq is not None else None
@@ -561,7 +646,7 @@ class RouterCore:
         return k
 
     def _commit(self, req: Request, tokens: list[int]) -> int:
-        n, now = 0, time.monotonic()
+        n, now = 0, self.clock()
         for t in tokens:
             req.output.append(t)
             n += 1
@@ -676,7 +761,9 @@ class RouterCore:
             for d, items in jits.items():
                 for run in features.runs(items):
                     batch_id = next(self._batches)
-                    self._jit_sent[batch_id] = time.monotonic()
+                    for it in run:
+                        self.active[it.seq].jit_batch = batch_id
+                    self._jit_sent[batch_id] = self.clock()
                     if len(self._jit_sent) > 4096:   # answers lost with a draft that died: forget the oldest
                         del self._jit_sent[next(iter(self._jit_sent))]
                     d.send(wire.Jit(batch_id, run))
@@ -703,7 +790,7 @@ class RouterCore:
         for t, items in verifies.items():
             self._lingering.pop(t, None)
             batch_id = next(self._batches)
-            self._sent_at[batch_id] = (time.monotonic(), sum(len(it.tokens) + 1 for it in items))
+            self._sent_at[batch_id] = (self.clock(), sum(len(it.tokens) + 1 for it in items))
             self._out.setdefault(t, set()).add(batch_id)
             for it in items:
                 self.active[it.seq].verify_batch = batch_id
@@ -760,7 +847,7 @@ class RouterCore:
         out = self._out.get(target) if target is not None else None
         if not limit or not out:
             return False
-        now = time.monotonic()
+        now = self.clock()
         for batch_id in [b for b in out if now - self._sent_at.get(b, (now,))[0] > self.cfg.verify_hold]:
             out.discard(batch_id)
             log.debug("verify batch %d to %s unanswered for over %.1f s: no longer holding sequences back", batch_id,
@@ -773,7 +860,7 @@ class RouterCore:
         apart (each a forward every round: the sequences a verify answers need a JIT before they are ready again,
         the others are ready first). Waiting about one JIT round trip (measured; at most `jit_linger`) lets them
         go together."""
-        now = time.monotonic()
+        now = self.clock()
         since = self._lingering.setdefault(target, now)
         return now - since < min(self.cfg.jit_linger, 1.5 * self._jit_latency)
 
@@ -783,7 +870,7 @@ class RouterCore:
         for mode, a in self.adaptive.items():
             k = a.choose(batch, self._choice.get(mode))
             if k != self._choice.get(mode):
-                now = time.monotonic()
+                now = self.clock()
                 level = logging.INFO if now - self._adapt_logged > 10.0 else logging.DEBUG  # at most one line in 10 s
                 self._adapt_logged = now if level == logging.INFO else self._adapt_logged
                 log.log(level, "adaptive speculation (%s, batch %d): K %s -> %d %s", mode, batch,
@@ -798,7 +885,7 @@ class RouterCore:
         return delta
 
     def _liveness(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for t in self.targets:
             change = t.tick(now)
             if change is not None:

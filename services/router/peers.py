@@ -12,6 +12,7 @@ import itertools
 import logging
 import os
 import time
+from typing import Callable
 
 import zmq
 
@@ -27,8 +28,9 @@ HELLO_EVERY = 1.0
 
 
 class Peer:
-    def __init__(self, ctx: zmq.Context, address: str, role: str, curve: ClientKeys | None = None):
-        self.address, self.role = address, role
+    def __init__(self, ctx: zmq.Context, address: str, role: str, curve: ClientKeys | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.address, self.role, self.clock = address, role, clock
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue work for a worker that is not connected
@@ -67,7 +69,7 @@ class Peer:
             except wire.WireError as e:
                 log.warning("%s %s sent a frame that does not decode: %s", self.role, self.address, e)
                 continue
-            self.last_seen = time.monotonic()
+            self.last_seen = self.clock()
             if isinstance(msg, wire.Ready):
                 self.ready = msg
             out.append(msg)
