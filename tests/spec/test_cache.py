@@ -106,3 +106,45 @@ def test_advance_cannot_go_back_and_start_twice_is_rejected():
         cache.advance(1, 2)
     with pytest.raises(ValueError):
         cache.start_sequence(1)
+
+
+def test_two_sequences_with_the_same_round_and_outcome_get_their_own_entries():
+    cache = started(1)
+    cache.start_sequence(2)
+    for seq in (1, 2):
+        cache.advance(seq, 1)
+    mine, theirs = CacheEntry(tokens=(5, 6, 7)), CacheEntry(tokens=(8, 9, 10))
+    assert cache.publish(1, 1, {(2, 17): mine})
+    assert cache.publish(2, 1, {(2, 17): theirs})
+    assert cache.lookup(1, 1, 2, 17) == (mine, R.HIT)
+    assert cache.lookup(2, 1, 2, 17) == (theirs, R.HIT)
+    cache.advance(1, 2)  # one sequence moving on leaves the other's entries alone
+    assert cache.lookup(2, 1, 2, 17) == (theirs, R.HIT)
+    assert len(cache) == 1
+
+
+def test_an_entry_published_for_one_sequence_is_never_found_by_another():
+    cache = started(1)
+    cache.start_sequence(2)
+    for seq in (1, 2):
+        cache.advance(seq, 1)
+    cache.publish(1, 1, {(0, 3): CacheEntry(tokens=(1, 2))})
+    assert cache.lookup(2, 1, 0, 3) == (None, R.LATE)
+    cache.publish(2, 1, {(1, 4): CacheEntry(tokens=(9,))})
+    assert cache.lookup(2, 1, 0, 3) == (None, R.NO_ENTRY)
+    assert cache.lookup(1, 1, 1, 4) == (None, R.NO_ENTRY)
+
+
+def test_another_sequence_on_an_older_round_never_hits_a_newer_rounds_entry():
+    cache = started(1)
+    cache.start_sequence(2)
+    cache.advance(1, 2)
+    cache.advance(2, 1)
+    cache.publish(1, 2, {(0, 3): CacheEntry(tokens=(1,))})
+    cache.publish(2, 1, {(0, 3): CacheEntry(tokens=(2,))})
+    cache.advance(2, 2)  # sequence 2's round-1 entries are stale now; sequence 1's round-2 entry is not its own
+    assert cache.lookup(2, 2, 0, 3) == (None, R.LATE)
+    assert cache.lookup(2, 1, 0, 3) == (None, R.STALE)
+    assert cache.lookup(1, 2, 0, 3)[0].tokens == (1,)
+    assert not cache.publish(2, 1, {(0, 3): CacheEntry(tokens=(2,))})  # a late publish for the stale round
+    assert cache.lookup(2, 2, 0, 3) == (None, R.LATE)
