@@ -2,8 +2,6 @@
 messages are handed to the core and what it sends is recorded. Also the target's side of the bargain: every
 Verify is answered, even when none of its items could run.
 """
-import time
-
 import pytest
 
 from ssd import wire
@@ -18,8 +16,22 @@ def ready(role: str) -> wire.Ready:
     return wire.Ready(role, "m", "h", 100, 256, 3, [2, 1, 1, 1] if role == "draft" else [], 0)
 
 
-def make_core(**cfg) -> RouterCore:
-    core = RouterCore(CoreConfig(mode="ar", adaptive=False, **cfg), ["tcp://127.0.0.1:9"], [], "h", [2])
+class Clock:
+    """The core's clock, moved by the test: a hold or a wait ends when the test says, never by real time."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make_core(clock=None, **cfg) -> RouterCore:
+    core = RouterCore(CoreConfig(mode="ar", adaptive=False, **cfg), ["tcp://127.0.0.1:9"], [], "h", [2],
+                      clock=clock or Clock())
     core.sent = []
     t = core.targets[0]
     t.ready, t.alive = ready("target"), True
@@ -93,16 +105,18 @@ def test_no_limit_sends_each_ready_sequence_at_once():
 
 
 def test_an_unanswered_batch_stops_holding_after_verify_hold():
-    core = make_core(verify_hold=0.05)
+    clock = Clock()
+    core = make_core(clock, verify_hold=0.05)
     try:
         a, b = admit(core, 2)
         prefilled(core, [a])
         core._dispatch()
         take(core, wire.Verify)
         prefilled(core, [b])
+        clock.advance(0.049)
         core._dispatch()
-        assert not take(core, wire.Verify)
-        time.sleep(0.1)
+        assert not take(core, wire.Verify)   # still within the hold
+        clock.advance(0.002)
         core._dispatch()
         (v,), = [take(core, wire.Verify)]
         assert [it.seq for it in v.items] == [b.seq]
@@ -161,10 +175,11 @@ def test_target_answers_a_verify_none_of_whose_items_could_run(default_models):
     assert isinstance(outcomes, wire.Outcomes) and outcomes.batch_id == 3 and outcomes.items == []
 
 
-def make_sd_core(mode="sd", **cfg) -> RouterCore:
+def make_sd_core(mode="sd", clock=None, **cfg) -> RouterCore:
     """A router core with one target and one draft that record what they are sent (adaptive K off unless asked)."""
     cfg.setdefault("adaptive", False)
-    core = RouterCore(CoreConfig(mode=mode, **cfg), ["tcp://127.0.0.1:9"], ["tcp://127.0.0.1:10"], "h", [2])
+    core = RouterCore(CoreConfig(mode=mode, **cfg), ["tcp://127.0.0.1:9"], ["tcp://127.0.0.1:10"], "h", [2],
+                      clock=clock or Clock())
     core.sent = []
     for peer in (*core.targets, *core.drafts):
         peer.ready, peer.alive = ready(peer.role), True
@@ -215,17 +230,22 @@ def test_a_free_target_waits_for_the_jits_of_its_other_sequences_so_both_groups_
 
 
 def test_the_wait_for_jits_is_bounded():
-    core = make_sd_core(jit_linger=0.03)
+    clock = Clock()
+    core = make_sd_core(clock=clock, jit_linger=0.03)   # the wait: min(jit_linger, 1.5 x the 20 ms JIT prior)
     try:
         a = sd_admit(core)
         core._dispatch()
         take(core, wire.Jit)                 # a's JIT never comes back
         b = sd_admit(core)
         core._dispatch()
+        clock.advance(0.02)                  # b's JIT takes 20 ms: the measured round trip stays at the prior
         jit_answer(core, take(core, wire.Jit)[0])
         core._dispatch()
         assert not take(core, wire.Verify)
-        time.sleep(0.06)
+        clock.advance(0.029)
+        core._dispatch()
+        assert not take(core, wire.Verify)   # still waiting
+        clock.advance(0.002)
         core._dispatch()
         (v,), = [take(core, wire.Verify)]
         assert [it.seq for it in v.items] == [b.seq] and a.phase is Phase.JIT
