@@ -50,7 +50,12 @@ def test_begin_append_finish_and_claim(redis):
 def test_records_expire_after_their_ttl(redis):
     j = RequestJournal(redis.url, "r", ttl_s=1)
     j.begin("short", [1], PARAMS, "fp")
-    time.sleep(2.2)
+    keys = j.keys("short")
+    assert all(0 < j._redis.pttl(k) <= 1000 for k in keys)   # written with the 1 s TTL (claim would refresh it)
+    deadline = time.monotonic() + 10
+    while j._redis.exists(*keys):
+        assert time.monotonic() < deadline, f"the record outlived its 1 s TTL: {[j._redis.pttl(k) for k in keys]}"
+        time.sleep(0.05)
     assert j.claim("short") is None
 
 
