@@ -81,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--models-dir", type=Path, default=None)
     up.add_argument("--pin", action="store_true", help="pin the target to CPU 0 and drafts to CPU 1, one thread each")
     up.add_argument("--demo", default=None, metavar="PROMPT", help="run one generation, print its stats, stop")
+    up.add_argument("--max-restarts", type=int, default=5,
+                    help="restarts in a row of a child that keeps exiting before `ssd up` gives up (0 = never restart)")
+    up.add_argument("--restart-backoff", type=float, default=0.5,
+                    help="seconds before a child's first restart; doubles with each restart (at most 10 s)")
+    up.add_argument("--stop-grace", type=float, default=3.0,
+                    help="on SIGINT/SIGTERM: seconds children get after SIGTERM before SIGKILL")
+    for role in ("router", "target", "draft"):
+        up.add_argument(f"--{role}-args", default="", metavar="FLAGS",
+                        help=f"more flags for every {role} process, e.g. --{role}-args='--log-level DEBUG'")
 
     b = sub.add_parser("bench", help="AR, SD and SSD through real processes; writes bench/results/ssd.json")
     b.add_argument("--new-tokens", type=int, default=256)
@@ -212,22 +221,35 @@ def cmd_remote_generate(args) -> int:
 
 
 def cmd_up(args) -> int:
+    """Run the stack until SIGINT/SIGTERM (exit 0), restarting children that exit (`ssd.launcher`); exit 1 when a
+    child reaches its restart limit or the stack cannot start."""
+    import logging
+    import shlex
     import signal as _signal
 
     from ssd.client import Client
-    from ssd.launcher import Stack, StackConfig
+    from ssd.launcher import Stack, StackConfig, Stopped
     from ssd.models.prepare import prepare_default_models
 
     prepare_default_models(args.models_dir, log=lambda *a: None)
     if args.routers > 1 and not args.state_redis_url:
         print("ssd up: --routers > 1 needs --state-redis-url (the routers share request state)", file=sys.stderr)
         return 2
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("ssd up: %(message)s"))
+    launcher_log = logging.getLogger("ssd.launcher")
+    launcher_log.addHandler(handler)
+    launcher_log.setLevel(logging.INFO)
     cfg = StackConfig(mode=args.mode, drafts=args.drafts, targets=args.targets, routers=args.routers,
                       state_redis_url=args.state_redis_url, models_dir=args.models_dir, grpc_port=args.port,
                       http_port=args.http_port, k=args.k,
                       backup=args.backup, target_cpus="0" if args.pin else "", draft_cpus="1" if args.pin else "",
-                      threads=1 if args.pin else 0)
+                      threads=1 if args.pin else 0, restart=True, max_restarts=args.max_restarts,
+                      restart_backoff=args.restart_backoff, extra={role: shlex.split(getattr(args, f"{role}_args"))
+                                                                   for role in ("router", "target", "draft")})
     stack = Stack(cfg)
+    for sig in (_signal.SIGINT, _signal.SIGTERM):  # only sets a flag: start and supervise notice it
+        _signal.signal(sig, lambda signum, _frame: stack.request_stop())
     print(f"starting router, {len(stack.target_data)} target(s), {len(stack.draft_data)} draft(s) ({args.mode})",
           file=sys.stderr)
     try:
@@ -239,15 +261,18 @@ def cmd_up(args) -> int:
                 result = print_stream(client.stream(args.demo, chat=True, max_tokens=128))
                 report(result, args.mode)
             return 0
-        stop = []
-        _signal.signal(_signal.SIGTERM, lambda *_: stop.append(1))
-        while not stop and all(p.poll() is None for p in stack.procs.values()):
-            time.sleep(0.5)
+        stack.supervise()
+        print("ssd up: stopping", file=sys.stderr)
         return 0
-    except KeyboardInterrupt:
+    except Stopped:
+        print("ssd up: stopped during start-up", file=sys.stderr)
         return 0
+    except RuntimeError as e:  # GaveUp, or a start-up failure
+        print(f"ssd up: {e}", file=sys.stderr)
+        return 1
     finally:
-        stack.stop()
+        stack.stop(grace=args.stop_grace)
+        launcher_log.removeHandler(handler)
 
 
 def cmd_generate(args) -> int:

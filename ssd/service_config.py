@@ -3,6 +3,9 @@
 Precedence: command-line flag > environment variable `SSD_<SERVICE>_<FIELD>` > the file given by `--config`
 (TOML or JSON, a flat table of the same field names) > the dataclass default. Each field becomes a flag
 `--field-name`; its metadata "help" documents it. Unknown keys in the file are an error naming the key.
+
+Every service also takes `--bound-file PATH` (env `SSD_<SERVICE>_BOUND_FILE`): once its sockets are bound it
+writes the addresses it actually bound there (`write_bound_file`), so it can be started on port 0.
 """
 from __future__ import annotations
 
@@ -82,3 +85,31 @@ def load_config(cls, argv: list[str] | None, service: str, env: dict | None = No
         except (TypeError, ValueError) as e:
             raise ValueError(f"{service} setting {name}: {e}") from None
     return cls(**kwargs)
+
+
+def write_bound_file(path: Path | None, addresses: dict) -> None:
+    """Write what a service actually bound (`{"grpc_address": "127.0.0.1:40123", ...}`) to `path` as JSON, atomically
+    (a temporary file in the same folder, then rename), so a reader sees the whole file or none; no-op for None.
+
+    This is how a service started on port 0 reports its ports: the launcher (`ssd.launcher.Stack`) waits for the
+    file instead of picking ports itself, which another process could take between the pick and the bind."""
+    if path is None:
+        return
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**addresses, "pid": os.getpid()}))
+    os.replace(tmp, path)
+
+
+def read_bound_file(path: Path) -> dict | None:
+    """The addresses a service reported with `write_bound_file`, or None while it has not written them yet."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def bound_host_port(address: str, port: int) -> str:
+    """`address` ("host:port", the port possibly 0) with the port a server actually bound."""
+    host, _, _ = address.rpartition(":")
+    return f"{host}:{port}"

@@ -1,8 +1,8 @@
 """What the target and draft services share: settings, process setup, the control plane, the serve loop.
 
 A worker process loads its model while its health is NOT_SERVING, binds its data plane (`WorkerEndpoint`),
-turns SERVING, then hands each batch of inbox messages to its role's handler until SIGTERM/SIGINT or a
-Drain. The handler holds the role's logic; this module only moves messages.
+reports the addresses it bound (`--bound-file`: any of them may be given with port 0), turns SERVING, then
+hands each batch of inbox messages to its role's handler until SIGTERM/SIGINT or a Drain. The handler holds the role's logic; this module only moves messages.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Callable
 from ssd import wire
 from ssd.control import ControlServer
 from ssd.curve import server_keys
+from ssd.service_config import bound_host_port, write_bound_file
 from ssd.worker_io import PeerGone, WorkerEndpoint
 from ssd.worker_metrics import kv_stats, serve_metrics
 
@@ -58,6 +59,9 @@ class WorkerConfig:
                 "admits only --curve-authorized-keys (default: no authentication)"})
     curve_authorized_keys: Path | None = field(default=None, metadata={
         "help": "the routers' CURVE public keys allowed to connect: a NAME.key file or a folder of them"})
+    bound_file: Path | None = field(default=None, metadata={
+        "help": "once bound, write the addresses actually bound (data, control, metrics) to this JSON file, "
+                "atomically: how a worker started on port 0 reports its ports (default: none)"})
 
 
 def setup_process(cfg: WorkerConfig, role: str) -> None:
@@ -174,7 +178,7 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
         return left
 
     control = ControlServer(cfg.control_address, info, on_drain)
-    control.start()
+    control_port = control.start()
     followers = channel = None
     if cfg.tp_size > 1:
         from ssd.tp_service import SETTINGS, Followers, MirroredTarget, OpChannel
@@ -203,6 +207,10 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
 
     endpoint = WorkerEndpoint(cfg.data_address, ready, role, curve)
     state["endpoint"] = endpoint.start()
+    write_bound_file(cfg.bound_file, {
+        "role": role, "data_address": state["endpoint"],
+        "control_address": bound_host_port(cfg.control_address, control_port),
+        "metrics_address": bound_host_port(cfg.metrics_address, metrics.server_port) if metrics else ""})
     state["handler"] = handler = handler_cls(worker, endpoint)
     registration = None
     if cfg.redis_url:

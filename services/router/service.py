@@ -3,6 +3,9 @@
 The servicer is thin: request -> (prompt tokens, SamplingParams) -> `RouterCore.submit` -> stream the events
 of that request back as `GenerateResponse`s. Invalid requests raise ValueError, which the server's one error
 interceptor turns into INVALID_ARGUMENT with the message. A cancelled stream aborts the request everywhere.
+
+`run` binds gRPC and HTTP first (either may be port 0), reports what it bound (`--bound-file`), then waits for
+its workers (health NOT_SERVING, HTTP /health 503 meanwhile) and serves.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from ssd.journal import Fenced, JournalError, JournalUnavailable, RequestJournal
 from ssd.params import FinishReason
 from ssd.pb import generation_pb2 as pb
 from ssd.pb import generation_pb2_grpc as pb_grpc
+from ssd.service_config import bound_host_port, write_bound_file
 from ssd.tokenizer import Tokenizer
 from services.router.core import CoreConfig, RouterCore, StartupError
 from services.router.frontend import Delta, Frontend, Limits
@@ -99,6 +103,9 @@ class RouterConfig:
                 "(default: no authentication)"})
     curve_worker_key: Path | None = field(default=None, metadata={
         "help": "the CURVE public key (NAME.key) the workers serve with"})
+    bound_file: Path | None = field(default=None, metadata={
+        "help": "once bound, write the addresses actually bound (gRPC, HTTP) to this JSON file, atomically: how "
+                "a router started on port 0 reports its ports (default: none)"})
 
 
 def request_fields(request) -> dict:
@@ -347,22 +354,26 @@ def run(cfg: RouterConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     port = server.start()  # NOT_SERVING until the workers are ready
-    try:
-        core.handshake()
-    except (StartupError, RuntimeError) as e:
-        log.error("%s", e)
-        server.stop(0)
-        return 2
-    loop = threading.Thread(target=core.run, name="router-loop", daemon=True)
-    loop.start()
     http = None
-    if cfg.http_address:
+    if cfg.http_address:  # bound before the handshake, so it can be reported; 503 until the workers are ready
         from services.router.http import HttpServer
 
         host, _, http_port = cfg.http_address.rpartition(":")
         http = HttpServer(frontend, folder.name, metrics.render, host=host, port=int(http_port), api_keys=keys,
                           tls=(cfg.tls_cert_file, cfg.tls_key_file) if tls else None)
         log.info("serving the OpenAI-compatible HTTP API on port %d", http.start())
+    write_bound_file(cfg.bound_file, {"grpc_address": bound_host_port(cfg.grpc_address, port),
+                                      "http_address": bound_host_port(cfg.http_address, http.port) if http else ""})
+    try:
+        core.handshake()
+    except (StartupError, RuntimeError) as e:
+        log.error("%s", e)
+        if http is not None:
+            http.stop()
+        server.stop(0)
+        return 2
+    loop = threading.Thread(target=core.run, name="router-loop", daemon=True)
+    loop.start()
     server.set_serving(True)
     log.info("serving ssd.v1.Generation on port %d (mode %s%s%s)", port, cfg.mode, ", TLS" if tls else "",
              f", {len(keys)} API keys" if keys is not None else "")
