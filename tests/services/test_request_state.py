@@ -9,6 +9,7 @@ import time
 
 import grpc
 import pytest
+import redis as redis_lib
 
 from ssd.client import Client, Delta, build_request
 from ssd.launcher import Stack, StackConfig, free_port
@@ -88,16 +89,22 @@ def test_streams_ride_out_a_redis_restart(routers, redis, chat_prompts, ar_refer
     def run(i):
         try:
             with Client(routers.grpc_addresses, timeout=300, max_retries=6) as client:
-                results[i] = client.generate(chat_prompts[i], max_tokens=N, ignore_eos=True).token_ids
+                results[i] = client.generate(chat_prompts[i], max_tokens=N, ignore_eos=True,
+                                             request_id=f"restart{i}").token_ids
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(3, 7)]
     for t in threads:
         t.start()
-    time.sleep(2.0)
+    journal = redis_lib.Redis.from_url(redis.url)
+    deadline = time.monotonic() + 120   # Redis goes away once every stream has journaled tokens (mid-stream)
+    while not all(journal.strlen(f"ssd:req:restart{i}:tok") for i in range(3, 7)):
+        assert time.monotonic() < deadline and not errors, f"the streams never journaled tokens: {errors}"
+        time.sleep(0.02)
+    journal.close()
     redis.kill()
-    time.sleep(1.0)
+    time.sleep(1.0)   # the outage's length, not a wait for a state
     redis.start()
     for t in threads:
         t.join(timeout=300)
