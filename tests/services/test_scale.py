@@ -96,7 +96,6 @@ def test_target_killed_requests_complete_on_the_other(pool, chat_prompts, ar_ref
 
     def kill():   # as soon as target1 holds sequences mid-generation
         held["at_kill"], = wait_active([pool.target_control[1]])
-        time.sleep(0.3)
         pool.kill("target1", signal.SIGKILL)
 
     assert run_streams(pool.grpc_address, chat_prompts, 8, 32, kill) == ar_reference[:8]
