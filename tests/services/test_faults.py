@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ssd.client import Client, Result
+from ssd.control import describe
 from ssd.launcher import Stack, StackConfig
 
 
@@ -137,6 +138,15 @@ def _stack(tmp_path: Path, **kw) -> Stack:
     return Stack(StackConfig(**{**cfg, **kw}))
 
 
+def wait_active(control: str, timeout: float = 120.0) -> int:
+    """Poll a worker until it holds sequences; returns how many."""
+    deadline = time.monotonic() + timeout
+    while (n := describe(control).active_sequences) == 0:
+        assert time.monotonic() < deadline, f"the worker at {control} never held a sequence"
+        time.sleep(0.02)
+    return n
+
+
 def _check_outputs(streams: list[Stream], reference: list[list[int]]) -> None:
     assert [s.error for s in streams] == [""] * len(streams)
     assert [s.token_ids for s in streams] == reference
@@ -165,8 +175,8 @@ def test_target_sigkill_with_two_targets_completes_on_the_other(default_models, 
     try:
         killed = {}
 
-        def kill():
-            time.sleep(0.5)
+        def kill():   # as soon as target1 holds sequences mid-generation
+            killed["held"] = wait_active(stack.target_control[1])
             killed["at"] = time.monotonic()
             stack.kill("target1", signal.SIGKILL)
 
@@ -174,22 +184,24 @@ def test_target_sigkill_with_two_targets_completes_on_the_other(default_models, 
         _check_outputs(streams, ar_reference[:8])
         with Client(stack.grpc_address) as client:
             assert client.server_info().targets == [stack.target_data[0]]
+        assert killed["held"] > 0
         print(f"\ntarget SIGKILL: longest stall after the kill {stall_after(streams, killed['at']):.2f} s")
     finally:
         assert_no_leaks(stack)
 
 
 @pytest.mark.slow
-def test_draft_sigstop_3s_backups_take_over_and_nothing_stalls_long(default_models, chat_prompts, ar_reference,
+def test_draft_sigstop_backups_take_over_and_no_stream_waits_it_out(default_models, chat_prompts, ar_reference,
                                                                      tmp_path):
     stack = _stack(tmp_path).start()
     try:
         window = {}
 
-        def pause():
+        def pause():   # the stop lasts 3 s past the liveness limit (2 s): backups have time to stream
+            window["held"] = wait_active(stack.draft_control[0])
             window["stop"] = time.monotonic()
             stack.kill("draft0", signal.SIGSTOP)
-            time.sleep(3.0)
+            time.sleep(5.0)   # the fault's length, not a wait for a state
             stack.kill("draft0", signal.SIGCONT)
             window["cont"] = time.monotonic()
 
@@ -199,11 +211,16 @@ def test_draft_sigstop_3s_backups_take_over_and_nothing_stalls_long(default_mode
         backups = {k: v - before.get(k, 0) for k, v in counters(stack, "ssd_backups_total").items()}
         stall = stall_after(streams, window["stop"])
         during = sum(1 for s in streams for t in s.times if window["stop"] < t < window["cont"])
-        print(f"\ndraft SIGSTOP 3 s: {during} pieces streamed while it was stopped; longest stall {stall:.2f} s; "
+        # a stream still running when the draft stopped must stream again before it resumes (no fixed margin:
+        # on a loaded machine pieces come slower, but one that waited for the draft gets nothing until SIGCONT)
+        waited = [i for i, s in enumerate(streams) if s.times[-1] > window["cont"]
+                  and not any(window["stop"] < t < window["cont"] for t in s.times)]
+        print(f"\ndraft SIGSTOP 5 s: {during} pieces streamed while it was stopped; longest stall {stall:.2f} s; "
               f"backups {backups}; lookups {counters(stack, 'ssd_cache_lookups_total')}")
         assert backups.get("ngram", 0) + backups.get("none", 0) > 0, backups
         assert during > 0, "every sequence waited for the stopped draft"
-        assert stall < 3.0, f"a sequence stalled {stall:.2f} s: as long as the draft was stopped"
+        assert window["held"] > 0 and not waited, f"streams {waited} waited for the stopped draft"
+        assert stall < window["cont"] - window["stop"], f"a sequence stalled {stall:.2f} s: the whole stop"
     finally:
         assert_no_leaks(stack)
 
