@@ -74,10 +74,15 @@ class DraftHandler(Handler):
                 self._error(peer, "invalid_argument", f"features ignored: {e}", seq)
         call(None)
 
-    def _commit(self, peer, seq, delta, features: wire.Features | None) -> bool:
+    def _commit(self, peer, seq, delta, features: wire.Features | None, spec=()) -> bool:
         key = (peer, seq)
         if key not in self.worker:
             self._error(peer, "unknown_sequence", f"sequence {seq} is not on this draft", seq)
+            return False
+        vocab = self.worker.model.cfg.vocab_size
+        if any(not 0 <= t < vocab for t in (*delta, *spec)):
+            self._error(peer, "invalid_argument", f"token ids must be in [0, {vocab}); sequence {seq} is unchanged",
+                        seq)
             return False
         if delta or (features is not None and self.worker.feature_size):
             self._with_features(peer, seq, features, lambda block: self.worker.commit(key, list(delta), block))
@@ -116,7 +121,7 @@ class DraftHandler(Handler):
                     except ValueError as e:
                         self._error(peer, "invalid_argument", f"{e}; this round uses the draft's own")
                 for it in msg.items:
-                    if self._commit(peer, it.seq, it.delta, it.features):
+                    if self._commit(peer, it.seq, it.delta, it.features, it.spec):
                         rounds[(peer, it.seq)] = (peer, it.seq, it.round, list(it.spec), fanout)
             else:
                 self._error(peer, "unexpected_message", f"the draft does not handle {type(msg).__name__}")

@@ -3,7 +3,6 @@ with an `Error` (`bad_frame` for what does not decode, `unexpected_message` for 
 takes), logged, and changes nothing: the draft then serves the same rounds exactly as it did before them.
 (tests/services/test_stack.py sends the same frames to the target.)
 """
-import socket
 import subprocess
 import sys
 import time
@@ -12,33 +11,34 @@ import pytest
 import zmq
 
 from ssd import wire
+from ssd.service_config import read_bound_file
 
 ADD = [5, 6, 7, 8, 9, 10, 11, 12]   # a prompt's tokens and its first token
 SPEC = [13, 14, 15]
 GREEDY = wire.DraftParamsSpec(0.0, 0, 1.0, 0, None)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def draft(default_models, tmp_path_factory):
-    """A layer-draft process on loopback; yields (data address, log path) once its data plane answers Hello."""
-    log_path = tmp_path_factory.mktemp("draft-frames") / "draft.log"
-    data = f"tcp://127.0.0.1:{free_port()}"
+    """A layer-draft process on loopback, on ports it bound itself (port 0, reported in its bound file); yields
+    (data address, log path) once its data plane answers Hello."""
+    folder = tmp_path_factory.mktemp("draft-frames")
+    log_path, bound = folder / "draft.log", folder / "bound.json"
     cmd = [sys.executable, "-m", "ssd.cli", "draft", "--model", str(default_models["layer_draft"]),
-           "--data-address", data, "--control-address", f"127.0.0.1:{free_port()}", "--max-seqs", "4", "--k", "3",
-           "--threads", "1"]
+           "--data-address", "tcp://127.0.0.1:0", "--control-address", "127.0.0.1:0", "--bound-file", str(bound),
+           "--max-seqs", "4", "--k", "3", "--threads", "1"]
     with open(log_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 180
+    while (reported := read_bound_file(bound)) is None:   # the data plane binds once the model is loaded
+        assert proc.poll() is None, f"the draft exited: {log_path.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, "the draft never reported its ports"
+        time.sleep(0.1)
+    data = reported["data_address"]
     ctx = zmq.Context()
     sock = dealer(ctx, data)
     try:
-        deadline = time.monotonic() + 180
-        while True:   # the data plane binds once the model is loaded
+        while True:
             assert proc.poll() is None, f"the draft exited: {log_path.read_text()[-2000:]}"
             assert time.monotonic() < deadline, "the draft never answered Hello"
             sock.send_multipart(wire.encode(wire.Hello("router", "test")))
@@ -133,3 +133,26 @@ def test_a_draft_answers_malformed_frames_with_an_error_logs_them_and_serves_the
     text = log_path.read_text()
     assert text.count("rejected a frame") == len(frames)
     assert all(f"the draft does not handle {name}" in text for name in FOREIGN)
+
+
+def test_out_of_vocabulary_tokens_in_a_round_or_jit_are_refused_for_that_sequence_alone(draft):
+    """Well-framed rounds whose committed or speculated ids are outside the draft's vocabulary: invalid_argument
+    naming the sequence, nothing committed; the sequence and its neighbours then serve as before."""
+    address, _ = draft
+    ctx = zmq.Context()
+    sock = dealer(ctx, address)
+    try:
+        before = serve_rounds(sock, seq=3)
+        sock.send_multipart(wire.encode(wire.DraftAdd([wire.DraftAddItem(4, ADD, GREEDY)])))
+        for bad in (wire.DraftRound([wire.DraftRoundItem(4, 1, [10**9], SPEC)]),
+                    wire.DraftRound([wire.DraftRoundItem(4, 1, [], [SPEC[0], 10**6])]),
+                    wire.Jit(8, [wire.JitItem(4, [2**31 - 1], 3)])):
+            sock.send_multipart(wire.encode(bad))
+            assert sock.poll(10_000), f"no reply to {bad}"
+            reply = wire.decode(sock.recv_multipart())
+            assert isinstance(reply, wire.Error) and reply.code == "invalid_argument" and reply.seq == 4, reply
+        sock.send_multipart(wire.encode(wire.Free([4])))
+        assert serve_rounds(sock, seq=4) == before   # nothing of the refused rounds was committed
+    finally:
+        sock.close(0)
+        ctx.term()
