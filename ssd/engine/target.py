@@ -232,7 +232,8 @@ class TargetWorker:
         for out, it, s in zip(outcomes, items, seqs):
             s.tokens.extend(it.tokens[:out.accepted])
             s.tokens.append(out.token)
-            s.kv += out.accepted
+            if s.kv:   # 0: a later chunk of this call preempted it, so its KV is gone and is recomputed next time
+                s.kv += out.accepted
         self.last_verify_s = time.perf_counter() - t0
         return outcomes
 
