@@ -51,10 +51,12 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
-    """A random-initialised Llama folder (GQA, tied embeddings) for fast CPU tests."""
+    """A random-initialised Llama folder (GQA, tied embeddings) for fast CPU tests. Weights of std 0.1, so its
+    greedy tokens depend on the context (at the default 0.02 it repeats one token whatever came before, which hides
+    a token computed from wrong KV)."""
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, initializer_range=0.1)
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("tiny-llama")
     LlamaForCausalLM(cfg).save_pretrained(folder)
