@@ -24,14 +24,34 @@ def ar_reference(default_models, chat_prompts):
     return [s.output for s in engine.generate(chat_prompts, params)]
 
 
+def accepted_drafts(results) -> int:
+    """Drafted tokens the target accepted over `results` (ssd.client.Result): the first token comes from prefill
+    and every round commits its accepted drafts plus one token, so a round without speculation adds exactly one."""
+    return sum(r.completion_tokens - 1 - r.stats.rounds for r in results)
+
+
+@pytest.fixture(scope="session")
+def assert_speculated():
+    """Checks that requests really speculated: drafted tokens were accepted and, in ssd, the cache was hit (a
+    K = 0 round also counts as a round, so `rounds > 0` alone proves nothing)."""
+    def check(results, mode: str) -> None:
+        assert all(r.stats.mode == mode for r in results)
+        assert sum(r.stats.rounds for r in results) > 0, mode
+        assert accepted_drafts(results) > 0, f"{mode}: no drafted token was accepted"
+        if mode == "ssd":
+            assert sum(r.stats.cache_hits for r in results) > 0, "ssd: no round took its speculation from the cache"
+    return check
+
+
 @pytest.fixture(scope="session")
 def stack(default_models, tmp_path_factory):
-    """A real stack: router, target and one draft as separate processes on loopback. The draft is the
-    layer-truncated one (it accepts ~4% of tokens): these tests are about the services, not the draft; the
-    distilled default draft runs through the stack in test_feature_plumbing.py."""
+    """A real stack: router, target and one draft as separate processes on loopback, with the product's default
+    pair (the distilled feature draft accepts about half of its tokens) and K fixed at 3 (`--adaptive false`), so
+    every sd/ssd request speculates whatever ran before it. The adaptive policy has its own stack
+    (test_adaptive_stack.py)."""
     logs = tmp_path_factory.mktemp("logs")
     cfg = StackConfig(mode="ssd", drafts=1, log_dir=logs, max_batch=16, target_cpus="0", draft_cpus="1", threads=1,
-                      draft_model=default_models["layer_draft"])
+                      draft_model=default_models["draft"], extra={"router": ["--adaptive", "false"]})
     with Stack(cfg) as s:
         s.logs = logs
         yield s

@@ -1,8 +1,21 @@
-"""Adaptive speculation through the real stack: with the embedded test draft (it accepts ~4% of tokens) the
+"""Adaptive speculation through the real stack: with the layer-truncated draft (it accepts ~4% of tokens) the
 router turns speculation off by itself, output stays identical, and a request that pins K still speculates."""
 import urllib.request
 
+import pytest
+
 from ssd.client import Client
+from ssd.launcher import Stack, StackConfig
+
+
+@pytest.fixture(scope="module")
+def stack(default_models, tmp_path_factory):
+    """This module's own stack (it overrides the shared one): adaptive K on (the router's default) with the
+    layer-truncated draft, so that turning speculation off here starves no other test of speculation."""
+    cfg = StackConfig(mode="ssd", drafts=1, log_dir=tmp_path_factory.mktemp("adaptive-logs"), max_batch=16,
+                      target_cpus="0", draft_cpus="1", threads=1, draft_model=default_models["layer_draft"])
+    with Stack(cfg) as s:
+        yield s
 
 
 def gauge(stack, name: str) -> float:

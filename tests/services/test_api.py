@@ -8,11 +8,14 @@ import pytest
 
 from ssd.client import Client, Result
 from ssd.control import describe
+from ssd.engine.ar import AREngine
+from ssd.models.loader import load_model
 from ssd.pb import generation_pb2 as pb
 from ssd.pb import generation_pb2_grpc as pb_grpc
+from ssd.sampling import SamplingParams
 
 
-def test_stream_concatenates_to_generate_and_equals_ar(stack, chat_prompts, ar_reference):
+def test_stream_concatenates_to_generate_and_equals_ar(stack, chat_prompts, ar_reference, assert_speculated):
     with Client(stack.grpc_address, timeout=300) as client:
         items = list(client.stream(chat_prompts[1], max_tokens=32, ignore_eos=True, mode="ssd"))
         final = items[-1]
@@ -22,7 +25,8 @@ def test_stream_concatenates_to_generate_and_equals_ar(stack, chat_prompts, ar_r
     assert final.token_ids == whole.token_ids == ar_reference[1]
     assert streamed_text == whole.text == final.text
     assert final.finish_reason == "length" and final.completion_tokens == 32
-    assert final.stats.rounds > 0 and final.time_to_first_token_s <= final.total_time_s
+    assert final.time_to_first_token_s <= final.total_time_s
+    assert_speculated([final, whole], "ssd")
 
 
 def _workers_idle(stack):
@@ -62,8 +66,8 @@ def test_deadline_ends_with_time_limit(stack, chat_prompts):
         result = client.generate(chat_prompts[0], max_tokens=2000, ignore_eos=True, mode="ssd", timeout=2.0)
         elapsed = time.monotonic() - t0
     assert result.finish_reason == "time_limit"
-    assert 0 < result.completion_tokens < 2000
-    assert elapsed < 2.0 + 1.0  # the deadline plus (well over) one round
+    assert 0 < result.completion_tokens < 2000   # cut short: 2000 tokens take minutes on this CPU
+    assert elapsed < 2.0 + 20.0   # the deadline plus rounds on a loaded machine, far short of the whole request
 
 
 def test_stop_string_across_token_boundaries_is_never_emitted(stack, chat_prompts, ar_reference, default_models):
@@ -129,10 +133,12 @@ def test_bad_requests_get_invalid_argument_naming_the_field(stack, kwargs, field
     channel.close()
 
 
-def test_openai_package_against_the_real_stack(stack, chat_prompts, ar_reference):
+def test_openai_package_against_the_real_stack(stack, chat_prompts, ar_reference, default_models):
     import urllib.request
 
     import openai
+
+    from ssd.tokenizer import Tokenizer
 
     def requests_total():
         text = urllib.request.urlopen(f"http://{stack.http_address}/metrics", timeout=10).read().decode()
@@ -145,10 +151,14 @@ def test_openai_package_against_the_real_stack(stack, chat_prompts, ar_reference
     done = client.completions.create(model=model, prompt=chat_prompts[0], max_tokens=16, temperature=0,
                                      extra_body={"ignore_eos": True})
     assert done.usage.completion_tokens == 16
+    tok = Tokenizer.from_folder(default_models["target"])
+    assert done.choices[0].text == tok.decode(ar_reference[0][:16], skip_special_tokens=True)
     chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hi"}],
                                           max_tokens=8, temperature=0)
     chunks = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hi"}],
                                             max_tokens=8, temperature=0, stream=True)
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert streamed == chat.choices[0].message.content
+    say_hi = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Say hi"}]))
+    reference = AREngine(load_model(default_models["target"])).generate([say_hi], SamplingParams(max_tokens=8))[0]
+    assert streamed == chat.choices[0].message.content == tok.decode(reference.output, skip_special_tokens=True)
     assert requests_total() - before == 3  # the metrics counted exactly this workload

@@ -2,9 +2,9 @@
 
 In process: the router's merge rule and per-sequence pending features (no workers: messages are handed to
 it), the target and draft handlers behind a fake endpoint, the tensor-parallel leader mirroring the features
-flag. Real processes: a stack whose draft is a feature draft made from the
-target (`init_from_target`): greedy output equals in-process AR, sampled requests complete, and the router
-forwarded the target's feature rows to the draft.
+flag. Real processes: the shared stack, whose draft is the distilled feature draft: greedy output equals
+in-process AR with drafts accepted, sampled requests complete (their distribution: test_stack_sampling.py), and
+the router forwarded the target's feature rows to the draft.
 """
 import urllib.request
 
@@ -18,7 +18,6 @@ from ssd.client import Client
 from ssd.engine.draft import DraftWorker
 from ssd.engine.features import from_wire
 from ssd.engine.target import VerifyItem
-from ssd.launcher import Stack, StackConfig
 from ssd.models.loader import load_model
 from ssd.params import SamplingParams
 from ssd.tp_service import MirroredTarget, build_target, follow
@@ -323,36 +322,28 @@ def test_tensor_parallel_leader_and_followers_make_the_same_calls_features_inclu
 
 # ---- a real stack -----------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def feature_stack(default_models, tmp_path_factory):
-    """The product's default pair: the target and the distilled feature-reading draft."""
-    logs = tmp_path_factory.mktemp("feature-logs")
-    cfg = StackConfig(mode="ssd", drafts=1, log_dir=logs, max_batch=8, target_cpus="0", draft_cpus="1", threads=1)
-    with Stack(cfg) as s:
-        s.logs = logs
-        yield s
-
-
 def feature_rows_forwarded(stack) -> float:
     with urllib.request.urlopen(f"http://{stack.http_address}/metrics", timeout=30) as response:
         return feature_rows_total(response.read().decode())
 
 
-def test_a_feature_draft_through_the_stack_keeps_output_exact(feature_stack, chat_prompts, ar_reference):
-    with Client(feature_stack.grpc_address, timeout=600) as client:
+def test_a_feature_draft_through_the_stack_keeps_output_exact(stack, chat_prompts, ar_reference, assert_speculated):
+    """On the shared stack (tests/services/conftest.py), whose draft is the product's distilled feature draft."""
+    before = feature_rows_forwarded(stack)
+    with Client(stack.grpc_address, timeout=600) as client:
         for mode in ("ssd", "sd"):
             results = [client.generate(p, max_tokens=N_TOKENS, ignore_eos=True, mode=mode)
                        for p in chat_prompts[:N_PROMPTS]]
             assert [r.token_ids for r in results] == ar_reference[:N_PROMPTS], mode
-            assert sum(r.stats.rounds for r in results) > 0
-        rows = feature_rows_forwarded(feature_stack)
+            assert_speculated(results, mode)
+        rows = feature_rows_forwarded(stack) - before
         # every prompt position and every committed position but the last of each request, at most
         assert 0 < rows <= 2 * sum(len(p) + N_TOKENS for p in chat_prompts[:N_PROMPTS])
         sampled = [client.generate(p, max_tokens=N_TOKENS, ignore_eos=True, mode="ssd", temperature=0.8, seed=i)
                    for i, p in enumerate(chat_prompts[:2])]
         assert [len(r.token_ids) for r in sampled] == [N_TOKENS, N_TOKENS]
-        assert feature_rows_forwarded(feature_stack) > rows
-    draft_log = (feature_stack.logs / "draft0.log").read_text()
+        assert feature_rows_forwarded(stack) - before > rows
+    draft_log = (stack.logs / "draft0.log").read_text()
     assert "features ignored" not in draft_log and "Traceback" not in draft_log
-    router_log = (feature_stack.logs / "router.log").read_text()
+    router_log = (stack.logs / "router.log").read_text()
     assert "feature bytes" not in router_log and "reads features of size" not in router_log
