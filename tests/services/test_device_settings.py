@@ -1,7 +1,9 @@
 """--device, --dtype and --cuda-graphs of the target and draft services: bad values stop the service at once with
-a message naming them; a bfloat16 stack serves requests (its KV cache takes half the bytes per token)."""
+a message naming them; a bfloat16 stack serves what bfloat16 AR in process produces (its KV cache takes half the
+bytes per token)."""
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -44,16 +46,40 @@ def test_cuda_without_a_device_stops_the_service_naming_it(default_models, role)
     assert "--device cuda: no CUDA device" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_a_bfloat16_stack_serves_and_halves_the_kv_bytes(default_models, chat_prompts, tmp_path):
-    cfg = StackConfig(mode="ssd", target_cpus="0", draft_cpus="1", threads=1, log_dir=tmp_path, max_batch=2,
-                      draft_model=default_models["layer_draft"],
-                      extra={"target": ["--dtype", "bfloat16"], "draft": ["--dtype", "bfloat16"]})
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def test_a_bfloat16_stack_matches_bfloat16_ar_and_halves_the_kv_bytes(default_models, chat_prompts, tmp_path,
+                                                                      assert_speculated):
+    """bf16 batched kernels may legitimately differ from one-token forwards at near-ties (design.md): the ssd
+    outputs are compared with in-process bf16 AR, a divergence is reported with where it began, and most tokens
+    must agree (a verifier that accepts wrong drafts leaves AR at the first rejection). AR through the stack runs
+    the same one-token forwards as AR in process, so it must match exactly."""
+    from ssd.engine.ar import AREngine
+    from ssd.models.loader import load_model
+    from ssd.sampling import SamplingParams
+
+    n, prompts = 24, chat_prompts[:4]
+    reference = [s.output for s in AREngine(load_model(default_models["target"], dtype=torch.bfloat16),
+                                            max_batch=len(prompts)).generate(
+        prompts, SamplingParams(max_tokens=n, ignore_eos=True))]
+    cfg = StackConfig(mode="ssd", target_cpus="0", draft_cpus="1", threads=1, log_dir=tmp_path, max_batch=4,
+                      draft_model=default_models["draft"],
+                      extra={"target": ["--dtype", "bfloat16"], "draft": ["--dtype", "bfloat16"],
+                             "router": ["--adaptive", "false"]})
     with Stack(cfg) as stack:
         info = describe(stack.target_control[0])
         with Client(stack.grpc_address, timeout=300) as client:
-            for mode in ("ssd", "ar"):
-                out = client.generate(chat_prompts[0], max_tokens=12, ignore_eos=True, mode=mode)
-                assert len(out.token_ids) == 12, mode
+            out = {mode: [client.generate(p, max_tokens=n, ignore_eos=True, mode=mode) for p in prompts]
+                   for mode in ("ssd", "ar")}
+    assert [r.token_ids for r in out["ar"]] == reference
+    assert_speculated(out["ssd"], "ssd")
+    agree = [common_prefix(r.token_ids, ref) for r, ref in zip(out["ssd"], reference)]
+    if sum(agree) < n * len(prompts):
+        warnings.warn(f"bfloat16 ssd left bfloat16 AR after {agree} of {n} tokens (prompts 0-{len(prompts) - 1})")
+    assert all(len(r.token_ids) == n for r in out["ssd"])
+    assert sum(agree) >= 0.9 * n * len(prompts), (agree, [r.token_ids for r in out["ssd"]], reference)
     from ssd.config import ModelConfig
     m = ModelConfig.from_folder(default_models["target"])
     per_token = 2 * m.num_layers * m.num_kv_heads * m.head_dim * 2   # K and V, two bytes each
