@@ -114,7 +114,6 @@ def test_a_plain_worker_still_serves_plain_routers():
         endpoint.stop()
 
 
-@pytest.mark.slow
 def test_authorised_stack_generates_like_ar(keys, default_models, chat_prompts, ar_reference, tmp_path):
     """Router, target and draft with CURVE on every data-plane socket: same greedy output as AR."""
     from ssd.client import Client

@@ -23,10 +23,6 @@ def small_kv_stack(default_models, tmp_path_factory):
         yield s
 
 
-# Found by this test (at 2b832af): under KV pressure the stack's greedy output leaves the AR output (sd from
-# about token 27; ssd from the first token, which is prefill's). Strict: it fails as soon as the bug is fixed.
-@pytest.mark.xfail(strict=True, reason="the target's output under preemption differs from AR (prefill/preemption "
-                                       "through the services); see the comment above")
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
 def test_preempted_sequences_through_the_stack_keep_output_exact(small_kv_stack, chat_prompts, ar_reference, mode,
                                                                  assert_speculated):
