@@ -46,7 +46,6 @@ def test_draft_killed_mid_generation_output_unchanged_and_restart_picked_up(stac
     deadline = time.monotonic() + 60   # kill it while it holds sequences mid-generation
     while describe(stack.draft_control[0]).active_sequences == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.3)
     held = describe(stack.draft_control[0]).active_sequences
     stack.kill("draft0", signal.SIGKILL)
     for t in threads:
@@ -108,16 +107,26 @@ def test_malformed_frames_are_rejected_logged_and_service_keeps_serving(stack, c
 
 
 def test_the_only_target_stalling_past_the_liveness_limit_loses_nothing(stack, chat_prompts, ar_reference):
-    """SIGSTOP the target for 3.5 s (it is marked dead after 2 s): its sequences wait for a live target, are
-    restored from their committed tokens when it answers again, and finish with unchanged output."""
+    """SIGSTOP the target while it holds sequences until the router marks it dead (2 s of silence): its sequences
+    wait for a live target, are restored from their committed tokens when it answers again, and finish with
+    unchanged output."""
     from concurrent.futures import ThreadPoolExecutor as Pool
 
+    marked = f"target {stack.target_data[0]} stopped answering"
+    seen = (stack.logs / "router.log").read_text().count(marked)
     with Pool(1) as pool:
         future = pool.submit(generate_all, stack.grpc_address, chat_prompts[:3], "ssd")
-        time.sleep(1.5)
+        deadline = time.monotonic() + 120
+        while describe(stack.target_control[0]).active_sequences == 0:
+            assert time.monotonic() < deadline, "the target never held the sequences"
+            time.sleep(0.02)
         stack.kill("target", signal.SIGSTOP)
-        time.sleep(3.5)
-        stack.kill("target", signal.SIGCONT)
+        try:
+            deadline = time.monotonic() + 30
+            while (stack.logs / "router.log").read_text().count(marked) == seen:
+                assert time.monotonic() < deadline, "the router never marked the stopped target dead"
+                time.sleep(0.05)
+        finally:
+            stack.kill("target", signal.SIGCONT)
         outputs, _ = future.result(timeout=300)
     assert outputs == ar_reference[:3]
-    assert f"target {stack.target_data[0]} stopped answering" in (stack.logs / "router.log").read_text()
