@@ -3,6 +3,7 @@
     ssd models prepare                 build the embedded default model pair
     ssd up [--demo PROMPT]             router + target + draft as separate processes on loopback
     ssd generate PROMPT                stream a completion from a running router (--local: in this process)
+    ssd --version                      print the installed version
     ssd keys generate --out DIR        CURVE key pairs for the data plane (router.key*, worker.key*)
     ssd target|draft|router [flags]    one service (for containers); flags, SSD_<ROLE>_* env, --config FILE
 """
@@ -25,8 +26,21 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action="store_true")
 
 
+def version() -> str:
+    """The installed distribution's version (ssd.__version__ when ssd runs from a tree that is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("ssd")
+    except PackageNotFoundError:
+        import ssd
+
+        return ssd.__version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ssd", description="Speculative Speculative Decoding server and tools")
+    parser.add_argument("--version", action="version", version=f"ssd {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     models = sub.add_parser("models", help="manage local model folders")
@@ -79,6 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=50051, help="the router's gRPC port")
     up.add_argument("--http-port", type=int, default=8000, help="the router's OpenAI-compatible HTTP port")
     up.add_argument("--models-dir", type=Path, default=None)
+    up.add_argument("--model", type=Path, default=None, help="target model folder (default: embedded SmolLM2)")
+    up.add_argument("--draft", type=Path, default=None, help="draft model folder (default: the embedded draft)")
+    up.add_argument("--device", default="", help="where the target and drafts run: cpu, cuda or cuda:N (default: cpu)")
+    up.add_argument("--dtype", default="",
+                    help="weights and KV cache: float32, bfloat16 or float16 (default: float32)")
+    up.add_argument("--max-batch", type=int, default=16,
+                    help="sequences generating at once (the router's batch, each worker's KV slots)")
+    up.add_argument("--host", default="127.0.0.1",
+                    help="interface the router's gRPC and HTTP bind, e.g. 0.0.0.0 (workers stay on loopback)")
     up.add_argument("--pin", action="store_true", help="pin the target to CPU 0 and drafts to CPU 1, one thread each")
     up.add_argument("--demo", default=None, metavar="PROMPT", help="run one generation, print its stats, stop")
     up.add_argument("--max-restarts", type=int, default=5,
@@ -105,16 +128,37 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt")
     gen.add_argument("--address", default="127.0.0.1:50051", help="the router's gRPC address")
     gen.add_argument("--local", action="store_true", help="run the engines in this process instead")
-    gen.add_argument("--mode", choices=["ar", "sd", "ssd"], default="ar")
-    gen.add_argument("--model", type=Path, default=None, help="target model folder (default: embedded SmolLM2)")
-    gen.add_argument("--draft", type=Path, default=None, help="draft model folder (default: the embedded draft)")
-    gen.add_argument("--k", type=int, default=3, help="drafted tokens per round (sd, ssd)")
-    gen.add_argument("--backup", choices=["jit", "ngram", "none", "auto"], default="jit", help="ssd miss policy")
-    gen.add_argument("--models-dir", type=Path, default=None)
+    gen.add_argument("--mode", choices=["ar", "sd", "ssd"], default=None,
+                     help="speculation mode (default: the router's; --local: ar)")
+    gen.add_argument("--k", type=int, default=None,
+                     help="drafted tokens per round, sd and ssd (default: the router's per-round K; --local: 3)")
+    gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                     help="stop when the text contains TEXT (repeatable)")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    gen.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    remote = gen.add_argument_group("router options (not with --local)")
+    remote.add_argument("--api-key", default=None, help="the router's API key (default: $SSD_API_KEY)")
+    remote.add_argument("--tls-ca-file", type=Path, default=None,
+                        help="connect with TLS, trusting this PEM certificate (e.g. the router's self-signed one)")
+    remote.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system's certificates")
+    remote.add_argument("--timeout", type=float, default=None, help="seconds for the whole request")
+    local = gen.add_argument_group("--local options (`ssd up` has --model/--draft for a router)")
+    local.add_argument("--model", type=Path, default=None, help="target model folder (default: embedded SmolLM2)")
+    local.add_argument("--draft", type=Path, default=None, help="draft model folder (default: the embedded draft)")
+    local.add_argument("--backup", choices=["jit", "ngram", "none", "auto"], default=None,
+                       help="ssd miss policy (default: jit)")
+    local.add_argument("--models-dir", type=Path, default=None)
+    local.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     _add_sampling_args(gen)
     return parser
+
+
+REMOTE_ONLY = ("stop", "api_key", "tls_ca_file", "tls", "timeout")
+LOCAL_ONLY = ("model", "draft", "backup", "models_dir", "threads")
+
+
+def _misplaced(args, names: tuple[str, ...]) -> list[str]:
+    """The flags among `names` that were given (not left at their default)."""
+    return ["--" + n.replace("_", "-") for n in names if getattr(args, n) not in (None, False, [])]
 
 
 def cmd_prepare(args) -> int:
@@ -208,45 +252,90 @@ def report(result, mode: str) -> None:
 def cmd_remote_generate(args) -> int:
     from ssd.client import Client, SSDError
 
-    with Client(args.address) as client:
+    misplaced = _misplaced(args, LOCAL_ONLY)
+    if misplaced:
+        print(f"error: {', '.join(misplaced)} apply to `ssd generate --local` (in-process engines); a router "
+              f"serves the models `ssd up --model DIR --draft DIR` (or `ssd router`/`target`/`draft`) started",
+              file=sys.stderr)
+        return 2
+    if args.k is not None and args.k < 0:
+        print(f"error: --k must be at least 0 (0 = the router's K), got {args.k}", file=sys.stderr)
+        return 2
+    try:
+        certs = args.tls_ca_file.read_bytes() if args.tls_ca_file else None
+    except OSError as e:
+        print(f"error: --tls-ca-file: {e}", file=sys.stderr)
+        return 2
+    api_key = args.api_key if args.api_key is not None else os.environ.get("SSD_API_KEY") or None
+    try:
+        client = Client(args.address, args.timeout, api_key=api_key, root_certificates=certs, tls=args.tls)
+    except ValueError as e:
+        print(f"error: --address: {e}", file=sys.stderr)
+        return 2
+    with client:
         try:
             result = print_stream(client.stream(
                 args.prompt, chat=not args.raw, max_tokens=args.max_tokens, temperature=args.temperature,
-                top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos))
+                top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos,
+                stop=args.stop, mode=args.mode or "", k=args.k or 0))
         except SSDError as e:
-            print(f"error: {e.code}: {e.details} (is `ssd up` running at {args.address}?)", file=sys.stderr)
-            return 2
+            hint = f" (is `ssd up` running at {args.address}?)" if e.code == "UNAVAILABLE" else ""
+            print(f"error: {e.code}: {e.details}{hint}", file=sys.stderr)
+            return 2 if e.code == "INVALID_ARGUMENT" else 1
         report(result, result.stats.mode)
     return 0
+
+
+def stack_config(args):
+    """The StackConfig `ssd up` runs; ValueError names the flag that cannot work."""
+    import shlex
+
+    from ssd.launcher import StackConfig
+    from ssd.worker_service import WorkerConfig, device_problem
+
+    if args.routers > 1 and not args.state_redis_url:
+        raise ValueError("--routers > 1 needs --state-redis-url (the routers share request state)")
+    if args.max_batch < 1:
+        raise ValueError(f"--max-batch must be at least 1, got {args.max_batch}")
+    if not args.host.strip():
+        raise ValueError("--host must name an interface, e.g. 127.0.0.1 or 0.0.0.0")
+    for flag, folder in (("--model", args.model), ("--draft", args.draft)):
+        if folder is not None and not (folder / "config.json").is_file():
+            raise ValueError(f"{flag} {folder}: no model there (no config.json)")
+    problem = device_problem(WorkerConfig(device=args.device or "cpu", dtype=args.dtype or "float32"))
+    if problem:
+        raise ValueError(problem)
+    return StackConfig(mode=args.mode, drafts=args.drafts, targets=args.targets, routers=args.routers,
+                       state_redis_url=args.state_redis_url, models_dir=args.models_dir, grpc_port=args.port,
+                       http_port=args.http_port, k=args.k, target_model=args.model, draft_model=args.draft,
+                       max_batch=args.max_batch, device=args.device, dtype=args.dtype, host=args.host.strip(),
+                       backup=args.backup, target_cpus="0" if args.pin else "", draft_cpus="1" if args.pin else "",
+                       threads=1 if args.pin else 0, restart=True, max_restarts=args.max_restarts,
+                       restart_backoff=args.restart_backoff, extra={role: shlex.split(getattr(args, f"{role}_args"))
+                                                                    for role in ("router", "target", "draft")})
 
 
 def cmd_up(args) -> int:
     """Run the stack until SIGINT/SIGTERM (exit 0), restarting children that exit (`ssd.launcher`); exit 1 when a
     child reaches its restart limit or the stack cannot start."""
     import logging
-    import shlex
     import signal as _signal
 
     from ssd.client import Client
-    from ssd.launcher import Stack, StackConfig, Stopped
+    from ssd.launcher import Stack, Stopped
     from ssd.models.prepare import prepare_default_models
 
-    prepare_default_models(args.models_dir, log=lambda *a: None)
-    if args.routers > 1 and not args.state_redis_url:
-        print("ssd up: --routers > 1 needs --state-redis-url (the routers share request state)", file=sys.stderr)
+    try:
+        cfg = stack_config(args)
+    except ValueError as e:
+        print(f"ssd up: {e}", file=sys.stderr)
         return 2
+    prepare_default_models(args.models_dir, log=lambda *a: None)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("ssd up: %(message)s"))
     launcher_log = logging.getLogger("ssd.launcher")
     launcher_log.addHandler(handler)
     launcher_log.setLevel(logging.INFO)
-    cfg = StackConfig(mode=args.mode, drafts=args.drafts, targets=args.targets, routers=args.routers,
-                      state_redis_url=args.state_redis_url, models_dir=args.models_dir, grpc_port=args.port,
-                      http_port=args.http_port, k=args.k,
-                      backup=args.backup, target_cpus="0" if args.pin else "", draft_cpus="1" if args.pin else "",
-                      threads=1 if args.pin else 0, restart=True, max_restarts=args.max_restarts,
-                      restart_backoff=args.restart_backoff, extra={role: shlex.split(getattr(args, f"{role}_args"))
-                                                                   for role in ("router", "target", "draft")})
     stack = Stack(cfg)
     for sig in (_signal.SIGINT, _signal.SIGTERM):  # only sets a flag: start and supervise notice it
         _signal.signal(sig, lambda signum, _frame: stack.request_stop())
@@ -285,6 +374,11 @@ def cmd_generate(args) -> int:
     from ssd.sampling import SamplingParams
     from ssd.tokenizer import Tokenizer
 
+    misplaced = _misplaced(args, REMOTE_ONLY)
+    if misplaced:
+        print(f"error: {', '.join(misplaced)} apply to a router (`ssd generate` without --local)", file=sys.stderr)
+        return 2
+    mode, k, backup = args.mode or "ar", 3 if args.k is None else args.k, args.backup or "jit"
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = args.model or target_dir(args.models_dir)
@@ -302,12 +396,12 @@ def cmd_generate(args) -> int:
     text = args.prompt if args.raw else tok.apply_chat_template([{"role": "user", "content": args.prompt}])
     model = load_model(folder)
     eos = tuple(tok.eos_token_ids)
-    if args.mode == "ar":
+    if mode == "ar":
         engine = AREngine(model, max_batch=1, eos_token_ids=eos)
     else:
         draft = load_model(args.draft or draft_dir(args.models_dir))
         try:
-            spec = SpecConfig(mode=args.mode, k=args.k, backup=args.backup)
+            spec = SpecConfig(mode=mode, k=k, backup=backup)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -328,12 +422,12 @@ def cmd_generate(args) -> int:
     end = time.perf_counter()
     n = len(seq.output)
     decode_rate = (n - 1) / (end - first) if n > 1 else 0.0
-    print(f"[{args.mode}] {n} tokens ({seq.finish_reason.value}) in {end - t0:.2f} s; "
+    print(f"[{mode}] {n} tokens ({seq.finish_reason.value}) in {end - t0:.2f} s; "
           f"prefill {1000 * (first - t0):.0f} ms for {len(seq.prompt)} prompt tokens; "
           f"decode {decode_rate:.1f} tok/s", file=sys.stderr)
     if seq.stats is not None:
         st = seq.stats
-        print(f"[{args.mode}] rounds {st.rounds}, tokens/round {st.tokens_per_round:.2f}, "
+        print(f"[{mode}] rounds {st.rounds}, tokens/round {st.tokens_per_round:.2f}, "
               f"acceptance {st.acceptance_rate:.2f}, cache {st.cache}, backups {st.backups}", file=sys.stderr)
     return 0
 

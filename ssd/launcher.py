@@ -84,6 +84,9 @@ class StackConfig:
     k: int = 3
     backup: str = "jit"
     max_batch: int = 16
+    device: str = ""                   # the workers' --device: cpu, cuda or cuda:N (empty = the services' default)
+    dtype: str = ""                    # the workers' --dtype: float32, bfloat16 or float16 (empty = default)
+    host: str = "127.0.0.1"            # the interface the routers' gRPC and HTTP bind (workers stay on loopback)
     target_cpus: str = ""              # e.g. "0": pin the target
     draft_cpus: str = ""               # e.g. "1": pin the drafts
     threads: int = 0
@@ -114,8 +117,9 @@ class Stack:
         if cfg.routers > 1 and not cfg.state_redis_url:
             raise ValueError("several routers need a request-state Redis (state_redis_url)")
         # Until a service reports its bound file these hold the addresses it was asked to bind (port 0: any).
-        self.grpc_addresses = [f"127.0.0.1:{cfg.grpc_port if i == 0 else 0}" for i in range(cfg.routers)]
-        self.http_addresses = [f"127.0.0.1:{cfg.http_port if i == 0 else 0}" for i in range(cfg.routers)]
+        host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host  # an IPv6 literal
+        self.grpc_addresses = [f"{host}:{cfg.grpc_port if i == 0 else 0}" for i in range(cfg.routers)]
+        self.http_addresses = [f"{host}:{cfg.http_port if i == 0 else 0}" for i in range(cfg.routers)]
         self.target_data = ["tcp://127.0.0.1:0" for _ in range(cfg.targets)]
         self.draft_data = ["tcp://127.0.0.1:0" for _ in range(cfg.drafts if cfg.mode != "ar" else 0)]
         self.target_control = ["127.0.0.1:0" for _ in self.target_data]
@@ -161,6 +165,7 @@ class Stack:
         c = self.cfg
         args = ["--models-dir", str(c.models_dir)] if c.models_dir else []
         args += ["--redis-url", c.redis_url] if c.redis_url else []
+        args += (["--device", c.device] if c.device else []) + (["--dtype", c.dtype] if c.dtype else [])
         return args + (["--threads", str(c.threads)] if c.threads else [])
 
     def start_target(self, i: int = 0) -> None:
