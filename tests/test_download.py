@@ -255,3 +255,9 @@ def test_module_entry_point_offline(tmp_path):
                         str(tmp_path)], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "HF_HUB_OFFLINE=0" in r.stderr, r.stderr
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_broken_tokenizer_refused(hub, tiny_repo, tmp_path, capsys):
+    hub.repos["org/Tok"] = tiny_repo | {"tokenizer.json": b"{not json"}
+    assert _run("org/Tok", "--models-dir", str(tmp_path)) == 2
+    assert "tokenizer does not load" in capsys.readouterr().err
