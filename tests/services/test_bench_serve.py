@@ -1,7 +1,6 @@
 """`ssd bench serve` (ssd/bench_serve.py): measured latencies against a fake OpenAI server that streams known tokens
 with known delays, failure counting, goodput, the Poisson schedule, and one run against the real stack."""
 import asyncio
-import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -9,13 +8,6 @@ from pathlib import Path
 from aiohttp import web
 
 from ssd import bench_serve as bs
-
-# The shared real-stack fixture lives in tests/services/conftest.py, which this folder does not see.
-_spec = importlib.util.spec_from_file_location("services_conftest_for_bench",
-                                               Path(__file__).parent / "services" / "conftest.py")
-_services = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_services)
-stack = _services.stack
 
 FIRST_DELAY = 0.3                    # s before the first content chunk (headers and the role chunk go at once)
 CHUNKS = [(1, 0.0), (1, 0.1), (3, 0.2), (1, 0.1)]   # (tokens in the chunk, gap before it)
