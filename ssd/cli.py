@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where model folders live (default: $SSD_MODELS_DIR or ~/.cache/ssd/models)")
     prep.add_argument("--force", action="store_true", help="rebuild even if already prepared")
 
+    from ssd.models.download import add_parser as add_download_parser
+
+    add_download_parser(msub)
     dist = msub.add_parser("distill", help="train the embedded default's feature-reading draft (hours of CPU)",
                            description="Teacher data (the target answers synthesised prompts, keeping its "
                            "features), then training, then evaluation on the held-out prompts. Every stage is "
@@ -123,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--models-dir", type=Path, default=None)
     b.add_argument("--draft", type=Path, default=None, help="draft model folder (default: the embedded draft)")
     b.add_argument("--out", type=Path, default=Path("bench/results/ssd.json"))
+    from ssd.bench_serve import add_parser as add_serve_parser
+
+    add_serve_parser(b.add_subparsers(dest="bench_command", required=False,
+                                      description="`ssd bench serve`: load benchmark of any OpenAI endpoint"))
 
     gen = sub.add_parser("generate", help="generate a completion (from a running router, or --local)")
     gen.add_argument("prompt")
@@ -456,11 +463,19 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_service(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "models":
+        if args.models_command == "download":
+            from ssd.models.download import run as download
+
+            return download(args)
         return cmd_distill(args) if args.models_command == "distill" else cmd_prepare(args)
     if args.command == "keys":
         return cmd_keys(args)
     if args.command == "up":
         return cmd_up(args)
+    if args.command == "bench" and args.bench_command == "serve":
+        from ssd.bench_serve import run as bench_serve
+
+        return bench_serve(args)
     if args.command == "bench":
         from ssd.bench import bench, markdown
 

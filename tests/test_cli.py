@@ -171,3 +171,21 @@ def test_remote_generate_reports_an_unreadable_ca_file(tmp_path, capsys):
 
     assert main(["generate", "--tls-ca-file", str(tmp_path / "missing.pem"), "hi"]) == 2
     assert "--tls-ca-file" in capsys.readouterr().err
+
+
+def test_models_download_is_wired_and_offline_by_default_says_how_to_allow_it(tmp_path):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    out = subprocess.run([sys.executable, "-m", "ssd.cli", "models", "download", "Qwen/Qwen3-0.6B", "--models-dir",
+                          str(tmp_path)], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2
+    assert "offline mode is on" in out.stderr and "HF_HUB_OFFLINE=0 ssd models download Qwen/Qwen3-0.6B" in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_serve_is_wired_and_bench_alone_keeps_its_flags():
+    serve = run_cli("bench", "serve", "--help")
+    assert serve.returncode == 0 and "--request-rate" in serve.stdout and "--goodput" in serve.stdout
+    bench = run_cli("bench", "--help")
+    assert bench.returncode == 0 and "--ks" in bench.stdout and "serve" in bench.stdout
