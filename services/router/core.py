@@ -273,6 +273,7 @@ class RouterCore:
             self.adaptive = {m: AdaptiveK(self.k, m, self.cfg.probe_every, verify=self._verify_cost,
                                           draft_step=self.timings.draft_step) for m in ("sd", "ssd")}
             self._choice = {m: self.k for m in self.adaptive}
+        self.metrics.set_drafts_alive(sum(p.alive for p in self.drafts))
         log.info("workers ready: targets %s (%s), drafts %s; mode %s, K=%d", [p.address for p in self.targets],
                  t.model_id, [d.address for d in self.drafts], self.cfg.mode, self.k)
 
@@ -712,7 +713,8 @@ class RouterCore:
             entry, reason = self.cache.lookup(req.seq, req.round, j, t)
             self.cache.advance(req.seq, req.round + 1)
             req.stats.count("cache", reason.value)
-            self.metrics.cache_lookup(reason.value)
+            if req.drafted:   # only a round the draft was asked to speculate for says anything about the drafts
+                self.metrics.cache_lookup(reason.value)
             if req.drafted and req.mode in self.adaptive:
                 self.adaptive[req.mode].observe_lookup(reason is LookupReason.HIT)
             if req.drafted:
@@ -911,8 +913,6 @@ class RouterCore:
                     self._finish(req, FinishReason.ERROR, notify=False)
         for d in self.drafts:
             change = d.tick(now)
-            if change is not None:
-                self.metrics.set_drafts_alive(sum(p.alive for p in self.drafts))
             if change == "ready" and self._incompatible(d):
                 log.error("refusing %s", self._incompatible(d))
                 d.alive = False
@@ -930,6 +930,7 @@ class RouterCore:
                 log.info("draft %s is ready: it takes new sequences and %d without a draft", d.address, len(orphans))
                 for req in orphans:
                     self._add_to_draft(req)
+        self.metrics.set_drafts_alive(sum(p.alive for p in self.drafts))   # from the first handshake on
 
     def _finish(self, req: Request, reason: FinishReason, notify: bool = True) -> None:
         req.finish = reason

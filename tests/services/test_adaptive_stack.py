@@ -24,7 +24,14 @@ def gauge(stack, name: str) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
+def counter_sum(stack, prefix: str) -> float:
+    """The sum of the /metrics samples whose line starts with `prefix` (0 when none is exported yet)."""
+    text = urllib.request.urlopen(f"http://{stack.http_address}/metrics", timeout=30).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
 def test_a_useless_draft_turns_speculation_off_without_changing_output(stack, chat_prompts, ar_reference):
+    assert gauge(stack, "ssd_drafts_alive") == 1   # set at the first handshake, not only on a change
     with Client(stack.grpc_address, timeout=600) as client:
         # The prior (acceptance 0.6) starts speculating; the estimate decays towards the measured ~4% round by
         # round, and speculation goes off once K = 1 no longer pays (on this CPU a 2-position verify costs about
@@ -35,7 +42,15 @@ def test_a_useless_draft_turns_speculation_off_without_changing_output(stack, ch
             if gauge(stack, 'ssd_speculation_k{mode="ssd"}') == 0:
                 break
         assert gauge(stack, 'ssd_speculation_k{mode="ssd"}') == 0
+        lookups = counter_sum(stack, "ssd_cache_lookups_total{")
+        late = counter_sum(stack, 'ssd_cache_lookups_total{result="late"}')
+        offered = counter_sum(stack, 'ssd_spec_draft_tokens_total{position="1"}')
         off = client.generate(chat_prompts[6], max_tokens=32, ignore_eos=True, mode="ssd")
+        # The draft autoscaler reads late lookups / lookups: rounds the draft was not asked to speculate for
+        # record no lookup, so with speculation off only the probe rounds (those offering a draft token) count.
+        probes = counter_sum(stack, 'ssd_spec_draft_tokens_total{position="1"}') - offered
+        assert counter_sum(stack, "ssd_cache_lookups_total{") - lookups <= probes
+        assert counter_sum(stack, 'ssd_cache_lookups_total{result="late"}') - late <= probes
         pinned = client.generate(chat_prompts[6], max_tokens=32, ignore_eos=True, mode="ssd", k=3)
     assert off.token_ids == pinned.token_ids == ar_reference[6]
     # Off: about one token per round (probe rounds aside); pinned: every round offered 3 draft tokens.
