@@ -179,6 +179,7 @@ class RouterCore:
         self._by_rid: dict[str, Request] = {}
         self._jit_pending: list[Request] = []
         self._orphans: dict[int, tuple] = {}  # seq -> (request, Prefill or Restore, since): no live target yet
+        self._drafts_alive = -1               # what ssd_drafts_alive last reported (-1: nothing yet)
 
     # ---- called from other threads ------------------------------------------------------------
     def submit(self, rid: str, prompt: list[int], params: SamplingParams, mode: str = "", k: int = 0,
@@ -273,7 +274,7 @@ class RouterCore:
             self.adaptive = {m: AdaptiveK(self.k, m, self.cfg.probe_every, verify=self._verify_cost,
                                           draft_step=self.timings.draft_step) for m in ("sd", "ssd")}
             self._choice = {m: self.k for m in self.adaptive}
-        self.metrics.set_drafts_alive(sum(p.alive for p in self.drafts))
+        self._report_drafts_alive()
         log.info("workers ready: targets %s (%s), drafts %s; mode %s, K=%d", [p.address for p in self.targets],
                  t.model_id, [d.address for d in self.drafts], self.cfg.mode, self.k)
 
@@ -930,7 +931,14 @@ class RouterCore:
                 log.info("draft %s is ready: it takes new sequences and %d without a draft", d.address, len(orphans))
                 for req in orphans:
                     self._add_to_draft(req)
-        self.metrics.set_drafts_alive(sum(p.alive for p in self.drafts))   # from the first handshake on
+        self._report_drafts_alive()
+
+    def _report_drafts_alive(self) -> None:
+        """ssd_drafts_alive from the handshake on, set again whenever the count changes."""
+        n = sum(p.alive for p in self.drafts)
+        if n != self._drafts_alive:
+            self._drafts_alive = n
+            self.metrics.set_drafts_alive(n)
 
     def _finish(self, req: Request, reason: FinishReason, notify: bool = True) -> None:
         req.finish = reason
