@@ -36,6 +36,7 @@ from ssd.params import FinishReason, SamplingParams, finish_reason, speculation_
 from ssd.spec.adaptive import AdaptiveK, CostTable
 from ssd.spec.backup import BackupPolicy, BackupTimings, choose_backup
 from ssd.spec.cache import CacheEntry, LookupReason, SpeculationCache
+from ssd.spec.check import speculation_problem
 from ssd.spec.fanout import FanoutPolicy
 from ssd.spec.ngram import ngram_propose
 from services.router import features
@@ -602,16 +603,9 @@ class RouterCore:
         most `k` tokens: what the target would refuse (failing the request) must not reach it."""
         if len(tokens) > k:
             return f"{len(tokens)} tokens, more than the {k} asked for"
-        if tokens and max(tokens) >= self.vocab_size:
-            return self._token_problem(max(tokens))
-        if req.params.greedy:
-            return None
-        if proposal is None or len(proposal) != len(tokens):
-            return f"{'no' if proposal is None else len(proposal)} proposal rows for {len(tokens)} tokens"
-        for t, (ids, probs) in zip(tokens, proposal):
-            if max(ids) >= self.vocab_size or t not in ids or probs[ids.index(t)] <= 0:
-                return f"token {t} lies outside its proposal row's support (or the row outside the vocabulary)"
-        return None
+        if not req.params.greedy and proposal is None:   # the target would take it as one-hot: a biased q
+            return f"no proposal rows for {len(tokens)} tokens"
+        return speculation_problem(tokens, None if req.params.greedy else proposal, self.vocab_size)
 
     def _worker_error(self, role: str, msg) -> None:
         req = self.active.get(msg.seq) if msg.seq is not None else None

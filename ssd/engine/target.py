@@ -20,6 +20,7 @@ from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
 from ssd.engine.features import FeatureBlock
 from ssd.sampling import SamplingParams, make_generator, probs_from_logits, sample
+from ssd.spec.check import speculation_problem
 from ssd.spec.verify import verify_greedy_batch, verify_sampling
 
 SparseRow = tuple[list[int], list[float]]
@@ -190,18 +191,10 @@ class TargetWorker:
         seq = self.seqs.get(item.seq_id)
         if seq is None:
             return f"unknown sequence {item.seq_id}"
-        vocab = self.model.cfg.vocab_size
-        if any(not 0 <= t < vocab for t in item.tokens):
-            return f"speculated token ids must lie in [0, {vocab})"
         if len(seq.tokens) + len(item.tokens) > self.max_len:
             return f"speculation of {len(item.tokens)} tokens runs past the maximum length {self.max_len}"
-        if item.proposal is not None and not seq.params.greedy:
-            if len(item.proposal) != len(item.tokens):
-                return f"{len(item.proposal)} proposal rows for {len(item.tokens)} speculated tokens"
-            for tok, (ids, ps) in zip(item.tokens, item.proposal):
-                if any(not 0 <= i < vocab for i in ids) or tok not in ids or ps[ids.index(tok)] <= 0:
-                    return "a speculated token lies outside its proposal's support"
-        return None
+        return speculation_problem(item.tokens, None if seq.params.greedy else item.proposal,
+                                   self.model.cfg.vocab_size)
 
     def restore(self, requests: list[tuple[int, list[int], SamplingParams]]) -> None:
         """Re-create sequences from all their committed tokens (another target failed), nothing sampled. Their
