@@ -30,23 +30,40 @@ class DataConfig:
     shard_size: int = 128
     max_new_tokens: int = 256
     batch: int = 64
-    sampled_every: int = 4      # every n-th prompt is answered at temperature `temperature`, the rest greedily
-    temperature: float = 0.8
+    sampled_every: int = 3      # every n-th prompt is answered at temperature `temperature`, the rest greedily
+    temperature: float = 1.0
     seed: int = 0
+    extra_layers: tuple[int, ...] = (2, 15)   # also keep these decoder layers' outputs (`features_l{i}`), for
+                                              # drafts that fuse several depths of the target (EAGLE-3 style)
 
 
 class _FeatureTap:
-    """Keeps the input of the model's final norm (the pre-norm hidden states) of the last forward."""
+    """Keeps the input of the model's final norm (the pre-norm hidden states) of the last forward, and the outputs
+    of the decoder layers in `layers`."""
 
-    def __init__(self, model):
+    def __init__(self, model, layers: tuple[int, ...] = ()):
         self.last: torch.Tensor | None = None
-        self.handle = model.norm.register_forward_pre_hook(self._hook)
+        self.layer_out: dict[int, torch.Tensor] = {}
+        self.handles = [model.norm.register_forward_pre_hook(self._hook)]
+        for i in layers:
+            self.handles.append(model.layers[i].register_forward_hook(self._layer_hook(i)))
 
     def _hook(self, module, args):
         self.last = args[0].detach()
 
+    def _layer_hook(self, i):
+        def hook(module, args, out):
+            self.layer_out[i] = (out[0] if isinstance(out, tuple) else out).detach()
+        return hook
+
+    def rows(self) -> dict[str, torch.Tensor]:
+        out = {"features": self.last}
+        out.update({f"features_l{i}": x for i, x in self.layer_out.items()})
+        return out
+
     def close(self):
-        self.handle.remove()
+        for h in self.handles:
+            h.remove()
 
 
 def chat_ids(tok: Tokenizer, text: str) -> list[int]:
@@ -56,8 +73,8 @@ def chat_ids(tok: Tokenizer, text: str) -> list[int]:
 def generate_shard(model, tok: Tokenizer, items: list[tuple[int, str, str]], cfg: DataConfig) -> dict:
     """Answer `items` (index, kind, prompt) with continuous batching; returns the shard's tensors."""
     engine = AREngine(model, max_batch=cfg.batch, max_len=1024, prefix_caching=False)
-    tap = _FeatureTap(model)
-    feats: dict[int, list[torch.Tensor]] = {}
+    tap = _FeatureTap(model, cfg.extra_layers)
+    feats: dict[int, dict[str, list[torch.Tensor]]] = {}
     meta = {}
     try:
         for index, kind, text in items:
@@ -66,35 +83,36 @@ def generate_shard(model, tok: Tokenizer, items: list[tuple[int, str, str]], cfg
                                     seed=cfg.seed * 1_000_003 + index)
             seq = engine.add_request(chat_ids(tok, text), params)
             meta[seq.seq_id] = (seq, kind)
-            feats[seq.seq_id] = []
+            feats[seq.seq_id] = {}
         while engine.has_unfinished():
             stepped = engine.step()
-            x = tap.last
-            if x is None or not stepped:
+            if tap.last is None or not stepped:
                 continue
-            for row, seq in enumerate(stepped):
-                got = feats[seq.seq_id]
-                if not got:   # a prefill: every prompt token
-                    got.append(x[row, :len(seq.prompt)].to(torch.float16).clone())
-                else:         # a decode step: the token before the one just appended
-                    got.append(x[row, -1:].to(torch.float16).clone())
+            for name, x in tap.rows().items():
+                for row, seq in enumerate(stepped):
+                    got = feats[seq.seq_id].setdefault(name, [])
+                    if not got:   # a prefill: every prompt token
+                        got.append(x[row, :len(seq.prompt)].to(torch.float16).clone())
+                    else:         # a decode step: the token before the one just appended
+                        got.append(x[row, -1:].to(torch.float16).clone())
     finally:
         tap.close()
-    tokens, offsets, plens, kinds, rows = [], [0], [], [], []
+    tokens, offsets, plens, kinds, rows = [], [0], [], [], {}
     for sid, (seq, kind) in meta.items():
         ids = seq.prompt + seq.output
-        f = torch.cat(feats[sid])
-        if f.shape[0] != len(ids) - 1:
-            raise RuntimeError(f"sequence {sid}: {f.shape[0]} feature rows for {len(ids)} tokens "
-                               "(a preemption recomputed it; give the generator more KV)")
+        for name, parts in feats[sid].items():
+            f = torch.cat(parts)
+            if f.shape[0] != len(ids) - 1:
+                raise RuntimeError(f"sequence {sid}: {f.shape[0]} feature rows for {len(ids)} tokens "
+                                   "(a preemption recomputed it; give the generator more KV)")
+            rows.setdefault(name, []).append(f)
         tokens.extend(ids)
         offsets.append(len(tokens))
         plens.append(len(seq.prompt))
         kinds.append(KINDS.index(kind))
-        rows.append(f)
     return {"tokens": torch.tensor(tokens, dtype=torch.int32), "offsets": torch.tensor(offsets, dtype=torch.int64),
             "prompt_lens": torch.tensor(plens, dtype=torch.int32), "kinds": torch.tensor(kinds, dtype=torch.uint8),
-            "features": torch.cat(rows)}
+            **{name: torch.cat(parts) for name, parts in rows.items()}}
 
 
 def shard_path(out: Path, i: int) -> Path:

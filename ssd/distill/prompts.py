@@ -124,6 +124,80 @@ MATH_TEMPLATES = [
 ]
 
 
+# A second vocabulary of subjects and phrasings (added for the second draft, so its data is not the first draft's
+# few hundred templates answered again).
+TOPICS += [
+    "the printing of money", "quantum computing", "plate tectonics", "the Cold War", "wind turbines", "octopuses",
+    "the Pythagorean theorem", "supply and demand", "the theory of evolution", "the Beatles", "origami", "yoga",
+    "the Mona Lisa", "nuclear power", "the periodic table", "credit cards", "social media", "video games",
+    "the Titanic", "ancient Greece", "the metric system", "opera", "sushi", "wolves", "whales", "tornadoes",
+    "the ozone layer", "batteries", "3D printing", "the Vikings", "Mount Everest", "the Sahara", "the Great Barrier Reef",
+    "blockchain", "machine learning", "cloud computing", "the English language", "mathematics", "philosophy",
+    "minimalism", "remote work", "urban farming", "composting", "first aid", "dental hygiene", "the speed of light",
+    "telescopes", "microscopes", "bacteria", "fungi", "forests", "rivers", "bridges", "skyscrapers", "castles",
+]
+CODE_TASKS += [
+    "counts how often each word occurs in a file", "finds the longest common prefix of a list of strings",
+    "checks whether a binary tree is balanced", "implements an LRU cache", "converts a Roman numeral to an integer",
+    "converts an integer to a Roman numeral", "finds two numbers in a list that add up to a target",
+    "validates a Sudoku board", "computes the n-th row of Pascal's triangle", "merges overlapping intervals",
+    "returns the k largest elements of a list", "detects a cycle in a linked list", "encodes a string with run-length encoding",
+    "computes the moving average of a list", "parses a date string and prints the weekday",
+    "implements a simple calculator for + - * /", "generates a random password", "checks whether a number is a power of two",
+    "counts the set bits of an integer", "finds the longest increasing subsequence", "implements a min-heap",
+    "implements Dijkstra's shortest path algorithm", "splits a list into chunks of size n", "zips two lists into a dictionary",
+    "reads command-line arguments and prints them", "retries a function call up to three times", "memoizes a function",
+    "writes a list of dictionaries to a CSV file", "computes the Hamming distance of two strings", "checks whether a graph is bipartite",
+]
+CODE_TEMPLATES += [
+    "Can you write {lang} code that {task}?", "Write a {lang} function that {task}, and add a test for it.",
+    "I need a {lang} function that {task}. Please explain each step.", "Give an example in {lang} of a function that {task}.",
+    "Write an efficient {lang} function that {task} and state its time complexity.",
+]
+CODE_QUESTIONS += [
+    "What is the difference between a stack and a queue?", "How do I sort a dictionary by value in Python?",
+    "What is a virtual function in C++?", "Explain what an API is.", "What is the difference between SQL and NoSQL databases?",
+    "How does a for loop work in Python?", "What is type inference?", "What is a mutex?", "Explain the map function.",
+    "What is the difference between a compiler and an interpreter?", "What is recursion depth and why does it matter?",
+    "How do I merge two dictionaries in Python?", "What is a segmentation fault?", "Explain what JSON is.",
+    "What is continuous integration?", "How do I make an HTTP request in JavaScript?", "What does 'git stash' do?",
+]
+CHAT_TEMPLATES += [
+    "Write a short speech about {topic}.", "List the key facts about {topic}.", "What would happen without {topic}?",
+    "Explain {topic} in three sentences.", "Write a haiku about {topic}.", "What are the main ideas behind {topic}?",
+    "Give me a fun fact about {topic} and explain it.", "How has {topic} changed over time?",
+    "Write a dialogue between two friends about {topic}.", "Describe {topic} in one paragraph.",
+    "What questions do people often ask about {topic}?", "Write a product description inspired by {topic}.",
+    "Explain the connection between {topic} and {other}.", "Teach me something surprising about {topic}.",
+]
+CHAT_MISC += [
+    "How do I change a flat tyre?", "What should I cook for dinner tonight?", "Give me ideas for a birthday party.",
+    "How do I write a good essay introduction?", "What are the benefits of reading every day?",
+    "How do I ask my manager for a raise?", "Suggest five names for a pet cat.", "How do I calm down before an exam?",
+    "Write a short welcome message for new team members.", "What are good habits for a healthy life?",
+    "How can I learn to play the guitar?", "Write a polite email declining an invitation.", "What is a good stretching routine?",
+    "Summarise the plot of Romeo and Juliet.", "What are the rules of chess in brief?", "Plan a healthy week of lunches.",
+    "How do I start a vegetable garden?", "Write a short review of an imaginary restaurant.", "What is the Internet of Things?",
+    "Give me a checklist for moving house.", "How do I take better photos with my phone?", "What is the golden ratio?",
+]
+MATH_TEMPLATES += [
+    lambda r: f"What is {r.randint(100, 999)} minus {r.randint(10, 99)}?",
+    lambda r: f"What is {r.randint(100, 999)} divided by {r.randint(2, 9)}? Give the remainder too.",
+    lambda r: f"A triangle has sides {r.randint(3, 9)}, {r.randint(3, 9)} and {r.randint(3, 9)} cm. What is its perimeter?",
+    lambda r: f"Sara saves ${r.randint(5, 50)} a week. How much does she save in {r.randint(3, 52)} weeks?",
+    lambda r: f"What is {r.randint(2, 20)} factorial divided by {r.randint(2, 9)} factorial?",
+    lambda r: f"Round {r.randint(1000, 99999) / 100} to the nearest whole number and explain.",
+    lambda r: f"Solve the quadratic x^2 - {r.randint(2, 12)}x + {r.randint(1, 30)} = 0.",
+    lambda r: f"A pizza is cut into {r.randint(6, 12)} slices and {r.randint(1, 5)} are eaten. What fraction is left?",
+    lambda r: f"What is the area of a triangle with base {r.randint(2, 30)} and height {r.randint(2, 30)}?",
+    lambda r: f"Convert {r.randint(1, 100)} degrees Fahrenheit to Celsius.",
+    lambda r: f"What is the sum of the first {r.randint(5, 100)} positive integers?",
+    lambda r: f"If {r.randint(2, 9)} workers build a wall in {r.randint(2, 12)} days, how long do {r.randint(10, 20)} workers take?",
+    lambda r: f"What is {r.randint(1, 99)}.{r.randint(1, 9)} times {r.randint(2, 12)}?",
+    lambda r: f"Find the mean and median of {', '.join(str(r.randint(1, 50)) for _ in range(r.randint(4, 7)))}.",
+]
+
+
 def training_prompts(n: int, seed: int = 0) -> list[tuple[str, str]]:
     """`n` (kind, prompt) pairs: a third code, a little over a third chat, the rest math; no duplicates."""
     rng = random.Random(seed)
