@@ -19,6 +19,7 @@ from typing import Callable
 from ssd import wire
 from ssd.control import ControlServer
 from ssd.curve import server_keys
+from ssd.engine.handler import Handler
 from ssd.service_config import bound_host_port, write_bound_file
 from ssd.worker_io import PeerGone, WorkerEndpoint
 from ssd.worker_metrics import kv_stats, serve_metrics
@@ -71,25 +72,6 @@ def setup_process(cfg: WorkerConfig, role: str) -> None:
     if cfg.threads:
         import torch
         torch.set_num_threads(cfg.threads)
-
-
-class Handler:
-    """A role's logic: `handle` processes a batch of (peer, message) and replies through `endpoint.send`."""
-
-    endpoint: WorkerEndpoint
-
-    def handle(self, batch: list[tuple[bytes, object]]) -> None:
-        raise NotImplementedError
-
-    def active_sequences(self) -> int:
-        raise NotImplementedError
-
-    def forget_peer(self, peer: bytes) -> int:
-        """Frees every sequence of a router that went away (sequences are keyed (peer, seq)); returns how many."""
-        keys = [key for key in self.worker.seqs if key[0] == peer]
-        for key in keys:
-            self.worker.free(key)
-        return len(keys)
 
 
 def serve(handler: Handler, endpoint: WorkerEndpoint, control: ControlServer, stop: threading.Event) -> None:

@@ -5,8 +5,8 @@ import time
 import zmq
 
 from ssd import wire
+from ssd.engine.handler import Handler
 from ssd.worker_io import PeerGone, WorkerEndpoint
-from ssd.worker_service import Handler
 
 
 def ready():
@@ -48,7 +48,6 @@ class FakeWorker:
 
 
 def test_forget_peer_frees_only_that_routers_sequences():
-    h = Handler()
-    h.worker = FakeWorker()
+    h = Handler(FakeWorker(), None)
     assert h.forget_peer(b"a") == 2 and list(h.worker.seqs) == [(b"b", 1)]
     assert h.forget_peer(b"zzz") == 0

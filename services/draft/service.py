@@ -1,38 +1,16 @@
-"""The draft service: owns the draft model and the draft KV of the sequences routers assign to it.
+"""The draft service: one process owning a draft model, serving `DraftHandler` over ZeroMQ.
 
-Per round a router sends `DraftRound` (the tokens committed since its last message and the speculation the
-target is verifying); the draft answers with one `CacheEntries` per sequence: the next speculation for every
-outcome it anticipates. On a miss a router sends `Jit` (decode K tokens now), answered by `JitResult`; JIT
-work is on the critical path, so it runs before speculative work. State changes (adds, frees, committed
-deltas) apply in arrival order; a `DraftRound` overtaken by a later message for the same sequence is stale
-and only its delta is applied. A sequence the draft does not know gets `Error(unknown_sequence)`: the
-router then re-adds it from its committed tokens (the draft is stateless apart from rebuildable KV).
-
-A feature-reading draft (`DraftWorker.feature_size` > 0, announced in `Ready.feature_size`) gets the target's
-features with adds and committed deltas (`features` of `DraftAddItem`, `DraftRoundItem`, `JitItem`); a block
-whose size is not a whole number of rows, or that the worker refuses, gets `Error(invalid_argument)` for its
-sequence and is ignored (the tokens still apply). An ordinary draft ignores features.
-
-A `DraftRound` may carry a fan-out (the router's online fan-out, F_0..F_K): its rounds fork that many
-candidates per position instead of the draft's own. One the draft cannot run (not K+1 counts, or over the
-budget its scratch space is sized for) gets `Error(invalid_argument)` and those rounds use the draft's own.
+The protocol (adds, rounds, JIT, features, fan-out) is the handler's: `ssd/engine/draft_handler.py`. This
+module holds the service's settings and its entry point over the worker shell (`ssd/worker_service.py`).
 """
 from __future__ import annotations
 
-import logging
-import time
-from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable
 
-from ssd import wire
-from ssd.engine.draft import DraftParams, DraftWorker
-from ssd.engine.features import FeatureBlock, from_wire
+from ssd.engine.draft import DraftWorker
+from ssd.engine.draft_handler import DraftHandler
 from ssd.spec.fanout import uniform_fanout
-from ssd.worker_io import WorkerEndpoint
-from ssd.worker_service import Handler, WorkerConfig, run_worker, setup_process
-
-log = logging.getLogger("ssd.draft")
+from ssd.worker_service import WorkerConfig, run_worker, setup_process
 
 
 @dataclass(slots=True)
@@ -48,112 +26,6 @@ class DraftConfig(WorkerConfig):
         if self.fanout:
             return list(self.fanout)
         return uniform_fanout(self.k, self.budget or 2 * (self.k + 1))
-
-
-class DraftHandler(Handler):
-    def __init__(self, worker: DraftWorker, endpoint: WorkerEndpoint):
-        self.worker, self.endpoint = worker, endpoint
-
-    def active_sequences(self) -> int:
-        return len(self.worker.seqs)
-
-    def _error(self, peer, code, message, seq=None) -> None:
-        log.warning("peer %s seq %s: %s", peer.hex(), seq, message)
-        self.endpoint.send(peer, wire.Error(code, message, seq))
-
-    def _with_features(self, peer, seq, features: wire.Features | None,
-                       call: Callable[[FeatureBlock | None], None]) -> None:
-        """`call(block)` with the block of `features` (None when there is none or this draft reads none). A block
-        that is not whole rows, or that the worker refuses (it then changes nothing), gets Error(invalid_argument)
-        for the sequence, and `call(None)` applies the rest."""
-        if features is not None and self.worker.feature_size:
-            try:
-                call(from_wire(*features, self.worker.feature_size))
-                return
-            except ValueError as e:
-                self._error(peer, "invalid_argument", f"features ignored: {e}", seq)
-        call(None)
-
-    def _commit(self, peer, seq, delta, features: wire.Features | None, spec=()) -> bool:
-        key = (peer, seq)
-        if key not in self.worker:
-            self._error(peer, "unknown_sequence", f"sequence {seq} is not on this draft", seq)
-            return False
-        vocab = self.worker.model.cfg.vocab_size
-        if any(not 0 <= t < vocab for t in (*delta, *spec)):
-            self._error(peer, "invalid_argument", f"token ids must be in [0, {vocab}); sequence {seq} is unchanged",
-                        seq)
-            return False
-        if delta or (features is not None and self.worker.feature_size):
-            self._with_features(peer, seq, features, lambda block: self.worker.commit(key, list(delta), block))
-        return True
-
-    def handle(self, batch) -> None:
-        jits: dict = {}    # key -> (peer, batch_id, seq, k)
-        rounds: dict = {}  # key -> (peer, seq, round, spec, fanout or None)
-        vocab = self.worker.model.cfg.vocab_size
-        for peer, msg in batch:
-            if isinstance(msg, wire.DraftAdd):
-                for it in msg.items:
-                    key = (peer, it.seq)
-                    jits.pop(key, None), rounds.pop(key, None)
-                    if not it.tokens or any(not 0 <= t < vocab for t in it.tokens):
-                        self._error(peer, "invalid_argument", f"tokens must be non-empty ids in [0, {vocab})", it.seq)
-                        continue
-                    p = it.params
-                    params = DraftParams(p.temperature, p.top_k, p.saguaro_c, p.saguaro_f, p.seed)
-                    self._with_features(peer, it.seq, it.features,
-                                        lambda block: self.worker.add(key, list(it.tokens), params, block))
-            elif isinstance(msg, wire.Free):
-                for seq in msg.seqs:
-                    self.worker.free((peer, seq))
-                    jits.pop((peer, seq), None), rounds.pop((peer, seq), None)
-            elif isinstance(msg, wire.Jit):
-                for it in msg.items:
-                    if self._commit(peer, it.seq, it.delta, it.features):
-                        rounds.pop((peer, it.seq), None)
-                        jits[(peer, it.seq)] = (peer, msg.batch_id, it.seq, it.k)
-            elif isinstance(msg, wire.DraftRound):
-                fanout = None
-                if msg.fanout:
-                    try:
-                        fanout = self.worker.check_fanout(msg.fanout)
-                    except ValueError as e:
-                        self._error(peer, "invalid_argument", f"{e}; this round uses the draft's own")
-                for it in msg.items:
-                    if self._commit(peer, it.seq, it.delta, it.features, it.spec):
-                        rounds[(peer, it.seq)] = (peer, it.seq, it.round, list(it.spec), fanout)
-            else:
-                self._error(peer, "unexpected_message", f"the draft does not handle {type(msg).__name__}")
-        if jits:
-            self._jit(jits)
-        if rounds:
-            self._speculate(rounds)
-
-    def _jit(self, jits: dict) -> None:
-        t0 = time.perf_counter()
-        keys = list(jits)
-        specs = self.worker.jit(keys, max(k for *_, k in jits.values()))
-        elapsed = time.perf_counter() - t0
-        grouped = defaultdict(list)
-        for key, sp in zip(keys, specs):
-            peer, batch_id, seq, k = jits[key]
-            grouped[(peer, batch_id)].append((seq, sp.tokens[:k], None if sp.proposal is None else sp.proposal[:k]))
-        for (peer, batch_id), items in grouped.items():
-            self.endpoint.send(peer, wire.JitResult(batch_id, items, elapsed))
-
-    def _speculate(self, rounds: dict) -> None:
-        t0 = time.perf_counter()
-        keys = list(rounds)
-        published = self.worker.speculate([(key, rounds[key][3]) for key in keys],
-                                          {key: rounds[key][4] for key in keys if rounds[key][4] is not None})
-        elapsed = time.perf_counter() - t0
-        for key in keys:
-            peer, seq, rnd, *_ = rounds[key]
-            entries = [wire.CacheEntry(j, t, list(e.tokens), None if e.proposal is None else
-                                       [(list(i), list(p)) for i, p in e.proposal])
-                       for (j, t), e in published[key].items()]
-            self.endpoint.send(peer, wire.CacheEntries(seq, rnd, entries, elapsed))
 
 
 def run(cfg: DraftConfig) -> int:

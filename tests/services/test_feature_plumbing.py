@@ -16,15 +16,15 @@ import torch
 from ssd import wire
 from ssd.client import Client
 from ssd.engine.draft import DraftWorker
+from ssd.engine.draft_handler import DraftHandler
 from ssd.engine.features import from_wire
 from ssd.engine.target import VerifyItem
+from ssd.engine.target_handler import TargetHandler
 from ssd.models.loader import load_model
 from ssd.params import SamplingParams
 from ssd.tp_service import MirroredTarget, build_target, follow
-from services.draft.service import DraftHandler
 from services.router import features
 from services.router.core import CoreConfig, Phase, RouterCore
-from services.target.service import TargetHandler
 
 PEER = b"router-a"
 GREEDY = wire.SamplingSpec(0.0, 0, 1.0, 0.0, None)

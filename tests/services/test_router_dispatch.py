@@ -9,7 +9,7 @@ from ssd.models.loader import load_model
 from ssd.params import FinishReason, SamplingParams
 from ssd.tp_service import build_target
 from services.router.core import MAX_TARGET_FAILURES, CoreConfig, Phase, RouterCore
-from services.target.service import TargetHandler
+from ssd.engine.target_handler import TargetHandler
 
 
 def ready(role: str) -> wire.Ready:

@@ -1,0 +1,137 @@
+"""The target's message handler: prefills and verifies what routers send (`TargetHandler`).
+
+It runs in the target service (`services/target/service.py`, over ZeroMQ) and in process alike: all it needs
+of its endpoint is `send(peer, message)` (`ssd/engine/handler.py`).
+
+Sequences are keyed by (router peer, sequence id), so several routers can share one target. Verify messages
+that arrive together are merged into one forward (continuous batching: new sequences join between rounds).
+A bad item gets an `Error` naming its sequence; the rest of its batch runs. Every `Verify` gets its `Outcomes`,
+empty when none of its items could run (a router holds its next batch until the answer: services/router/core.py).
+
+A `Prefill` or `Verify` with `features` set is answered with the features that call computed for each of its
+sequences (the final pre-norm hidden states, float16): `Prefilled.features` and `Outcomes.features`. Verify
+messages merged into one forward compute features if any of them asked; only those that asked get them. A
+message carries at most `wire.MAX_FEATURE_BYTES` of features: beyond that each block loses its oldest rows
+(the draft reads missing rows as zeros).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from ssd import wire
+from ssd.engine.features import FeatureBlock, to_wire
+from ssd.engine.handler import Handler, Sender
+from ssd.engine.target import TargetWorker, VerifyItem
+from ssd.sampling import SamplingParams
+
+log = logging.getLogger("ssd.target")
+
+
+class TargetHandler(Handler):
+    """The target's logic over a `TargetWorker` (or its tensor-parallel leader, `ssd/tp_service.py`)."""
+
+    log = log
+    worker: TargetWorker
+
+    def __init__(self, worker: TargetWorker, endpoint: Sender):
+        super().__init__(worker, endpoint)
+
+    def handle(self, batch) -> None:
+        verifies = []
+        for peer, msg in batch:
+            if isinstance(msg, wire.Verify):
+                verifies.append((peer, msg))
+            elif isinstance(msg, (wire.Prefill, wire.Restore)):
+                # A verify of the same sequence that arrived earlier in this batch is stale: the router re-prefills
+                # because it gave up on that round (e.g. this target stalled past its liveness limit). Drop it so
+                # the rebuilt sequence is not advanced by an old speculation.
+                fresh = {item.seq for item in msg.items}
+                verifies = [(p, m if p != peer else
+                             wire.Verify(m.batch_id, [it for it in m.items if it.seq not in fresh], m.features))
+                            for p, m in verifies]
+                self._prefill(peer, msg)
+            elif isinstance(msg, wire.Free):
+                for seq in msg.seqs:
+                    self.worker.free((peer, seq))
+            else:
+                self._error(peer, "unexpected_message", f"the target does not handle {type(msg).__name__}")
+        if verifies:
+            self._verify(verifies)
+
+    def _prefill(self, peer: bytes, msg) -> None:
+        t0 = time.perf_counter()
+        vocab = self.worker.model.cfg.vocab_size
+        requests, seqs = [], []
+        for item in msg.items:
+            s = item.sampling
+            try:
+                params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+                                        seed=s.seed)
+            except ValueError as e:
+                self._error(peer, "invalid_argument", str(e), item.seq)
+                continue
+            if not 0 < len(item.tokens) <= self.worker.max_len or any(not 0 <= t < vocab for t in item.tokens):
+                self._error(peer, "invalid_argument",
+                            f"prompt needs 1..{self.worker.max_len} token ids in [0, {vocab})", item.seq)
+                continue
+            self.worker.free((peer, item.seq))  # a re-prefill (after a router retry) replaces the old state
+            requests.append(((peer, item.seq), item.tokens, params))
+            seqs.append(item.seq)
+        while len(requests) > self.worker.free_slots:
+            requests.pop()
+            self._error(peer, "resource_exhausted", "the target has no free KV slot", seqs.pop())
+        if not requests:
+            return
+        try:
+            if isinstance(msg, wire.Restore):
+                self.worker.restore(requests)
+                self.endpoint.send(peer, wire.Restored(seqs, time.perf_counter() - t0))
+            else:
+                firsts = self.worker.prefill(requests, features=msg.features)
+                features = self._features(peer, seqs) if msg.features else []
+                self.endpoint.send(peer, wire.Prefilled(list(zip(seqs, firsts)), time.perf_counter() - t0, features))
+        except ValueError as e:
+            for seq in seqs:
+                self._error(peer, "invalid_argument", str(e), seq)
+
+    def _features(self, peer: bytes, seqs: list[int]) -> list[tuple[int, int, bytes]]:
+        """(seq, start, data) of the last call's feature blocks of `seqs`, within MAX_FEATURE_BYTES in all: a block
+        that does not fit keeps its newest rows (those the draft reads next)."""
+        out, room = [], wire.MAX_FEATURE_BYTES
+        for seq in seqs:
+            block = self.worker.last_features.get((peer, seq))
+            if block is None:
+                continue
+            rows, dim = block.rows.shape
+            keep = min(rows, room // (2 * dim))
+            if keep < rows:
+                log.debug("seq %d: %d of %d feature rows exceed MAX_FEATURE_BYTES; sending the newest %d", seq,
+                          rows - keep, rows, keep)
+                block = FeatureBlock(block.start + rows - keep, block.rows[rows - keep:])
+            if keep:
+                out.append((seq, *to_wire(block)))
+                room -= 2 * dim * keep
+        return out
+
+    def _verify(self, messages) -> None:
+        t0 = time.perf_counter()
+        items, owners = [], []
+        for peer, msg in messages:
+            for it in msg.items:
+                item = VerifyItem((peer, it.seq), list(it.tokens), it.proposal)
+                problem = self.worker.check(item)
+                if problem:
+                    self._error(peer, "invalid_argument", problem, it.seq)
+                    continue
+                items.append(item)
+                owners.append((peer, msg.batch_id))
+        asked = {(peer, msg.batch_id) for peer, msg in messages if msg.features}
+        outcomes = self.worker.verify(items, features=bool(asked)) if items else []
+        elapsed = time.perf_counter() - t0
+        grouped = {(peer, msg.batch_id): [] for peer, msg in messages}  # every Verify is answered, even if empty
+        for owner, out in zip(owners, outcomes):
+            grouped[owner].append(wire.Outcome(out.seq_id[1], out.accepted, out.token))
+        for (peer, batch_id), outs in grouped.items():
+            features = self._features(peer, [o.seq for o in outs]) if (peer, batch_id) in asked else []
+            self.endpoint.send(peer, wire.Outcomes(batch_id, outs, elapsed, features))
