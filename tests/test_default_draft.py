@@ -9,7 +9,7 @@ import torch
 
 from ssd.distill.evaluate import chain_acceptance
 from ssd.distill.data import DataConfig, generate_shard
-from ssd.distill.train import Corpus
+from ssd.distill.corpus import Corpus
 from ssd.engine.ar import AREngine
 from ssd.engine.speculative import SpecConfig, SpeculativeEngine
 from ssd.models.eagle import FeatureDraft

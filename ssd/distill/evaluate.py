@@ -1,6 +1,6 @@
 """Acceptance and cost of a feature-reading draft against its target.
 
-`chain_acceptance` runs the unrolled forward of `ssd.distill.train` over teacher-forced sequences: depth k at
+`chain_acceptance` runs the unrolled forward of `ssd.distill.unroll` over teacher-forced sequences: depth k at
 position p is exactly the k-th token the draft proposes when the last verified token sits at p-k+1, so one
 forward gives, for every start position in the answers, how many drafted tokens the target's greedy choice
 would accept. `measure_cost` times a draft step against a target decode step in one run.
@@ -13,9 +13,13 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ssd.distill.corpus import Corpus, make_batch
+from ssd.distill.data import DataConfig, generate_shard
+from ssd.distill.unroll import unrolled_logits
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.eagle import FeatureDraft
-from ssd.prompts import KINDS
+from ssd.prompts import KINDS, PROMPTS_BY_KIND
+from ssd.sampling import SamplingParams
 
 
 def _head(model: Decoder) -> torch.Tensor:
@@ -29,8 +33,6 @@ def chain_acceptance(draft: FeatureDraft, seqs, depth: int = 6, head: torch.Tens
     output layer and final norm (default: the draft's embedding and norm, right for a tied-embedding target).
     Returns conditional acceptance per depth, accepted-length histogram, per-kind figures, and with `t1` the
     expected acceptance at temperature 1 (sum of min(p, q)) per depth along the same contexts."""
-    from ssd.distill.train import make_batch, unrolled_logits
-
     head = draft.embed if head is None else head
     norm = draft.norm if target_norm is None else target_norm
     lengths: dict[str, list[int]] = {k: [] for k in KINDS}
@@ -130,10 +132,6 @@ def measure_cost(target: Decoder, draft: Decoder, batch: int = 1, context: int =
 
 def held_out_sequences(target: Decoder, tokenizer, max_new_tokens: int = 192, batch: int = 20) -> list:
     """The target's greedy answers (with features) to the held-out prompts of `ssd.prompts`, as Corpus rows."""
-    from ssd.distill.data import DataConfig, generate_shard
-    from ssd.distill.train import Corpus
-    from ssd.prompts import PROMPTS_BY_KIND
-
     items = [(i, kind, text) for i, (kind, text) in enumerate(PROMPTS_BY_KIND)]
     cfg = DataConfig(max_new_tokens=max_new_tokens, batch=batch, sampled_every=0)
     return Corpus.from_shards([generate_shard(target, tokenizer, items, cfg)]).seqs
@@ -145,7 +143,6 @@ def engine_tokens_per_round(target: Decoder, draft: Decoder, prompts: list[list[
     With the held-out prompts and their answers' length it decodes the same positions `chain_acceptance`
     scores (the last rounds of each answer are cut short by max_tokens)."""
     from ssd.engine.speculative import SpecConfig, SpeculativeEngine
-    from ssd.sampling import SamplingParams
 
     engine = SpeculativeEngine(target, draft, SpecConfig(mode="sd", k=k), max_batch=len(prompts))
     seqs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens))

@@ -1,12 +1,9 @@
 """Training the feature-reading draft on teacher data (`ssd.distill.data`).
 
 Loss: cross-entropy of the draft's distribution against the target's at the same position, both over the
-draft vocabulary (the target's is its own output layer applied to its stored feature there). Training
-unrolls the draft on its own outputs ("training-time test"): at depth k the query at position p reads, for
-its own input, the draft's depth-(k-1) output at p-1 instead of the target's feature, and attends to the
-target-fed keys up to position p-k+1 plus one key of each depth 2..k-1 at p-k+2..p-1. This is exactly what
-the draft sees when it drafts k tokens after the last verified one, so the same forward also measures
-chained acceptance without a generation loop (`unrolled_logits`).
+draft vocabulary (the target's is its own output layer applied to its stored feature there), at every depth
+of the draft unrolled on its own outputs (`ssd.distill.unroll`). The data are `ssd.distill.corpus`'s; the
+held-out chained accuracy logged at checkpoints is `ssd.distill.evaluate`'s.
 """
 from __future__ import annotations
 
@@ -19,13 +16,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from tqdm import tqdm
 
+from ssd.config import ModelConfig
+from ssd.distill.corpus import Corpus, build_vocab, make_batch
 from ssd.distill.data import load_shards
+from ssd.distill.evaluate import chain_acceptance
+from ssd.distill.unroll import unrolled_logits
 from ssd.models.decoder import Decoder
 from ssd.models.eagle import FeatureDraft, feature_draft_config, trained_tensors
-from ssd.models.rope import apply_rotary
+from ssd.models.hf_layout import hf_layer_tensors
 
 
 @dataclass
@@ -49,61 +50,6 @@ class TrainConfig:
     extra: dict = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------------------------------------- data
-
-@dataclass
-class Corpus:
-    seqs: list[tuple[torch.Tensor, torch.Tensor, int, int]]  # (tokens[L] long, features[L-1, H] fp16, prompt_len, kind)
-
-    @classmethod
-    def from_shards(cls, shards: list[dict]) -> "Corpus":
-        seqs = []
-        for sh in shards:
-            off, feats, toks = sh["offsets"], sh["features"], sh["tokens"].long()
-            row = 0
-            for i in range(len(off) - 1):
-                a, b = int(off[i]), int(off[i + 1])
-                n = b - a
-                seqs.append((toks[a:b], feats[row:row + n - 1], int(sh["prompt_lens"][i]), int(sh["kinds"][i])))
-                row += n - 1
-        return cls(seqs)
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(t) for t, *_ in self.seqs)
-
-
-def build_vocab(corpus: Corpus, size: int, always: tuple[int, ...] = ()) -> tuple[torch.Tensor, float]:
-    """The `size` most frequent tokens the target generated (answers only), plus `always` (EOS); returns the
-    sorted ids and the share of answer tokens they cover."""
-    counts = torch.zeros(max(int(t.max()) for t, *_ in corpus.seqs) + 1, dtype=torch.long)
-    for toks, _, plen, _ in corpus.seqs:
-        counts += torch.bincount(toks[plen:], minlength=counts.numel())[:counts.numel()]
-    order = torch.argsort(counts, descending=True, stable=True).tolist()
-    chosen = list(dict.fromkeys([*always, *order]))[:size]
-    ids = torch.tensor(sorted(chosen), dtype=torch.long)
-    cover = float(counts[ids[ids < counts.numel()]].sum()) / max(1, int(counts.sum()))
-    return ids, cover
-
-
-def make_batch(seqs, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """tokens [B, T], features [B, T, H] (row p = the target's feature at p), valid [B, T] (a feature
-    exists at p), answer [B, T] (p is at or after the last prompt token)."""
-    T = min(seq_len, max(len(t) - 1 for t, *_ in seqs))
-    H = seqs[0][1].shape[1]
-    toks = torch.zeros(len(seqs), T, dtype=torch.long)
-    feats = torch.zeros(len(seqs), T, H, dtype=torch.float32)
-    valid = torch.zeros(len(seqs), T, dtype=torch.bool)
-    answer = torch.zeros(len(seqs), T, dtype=torch.bool)
-    for b, (t, f, plen, _) in enumerate(seqs):
-        n = min(T, len(t) - 1)
-        toks[b, :n] = t[:n]
-        feats[b, :n] = f[:n].float()
-        valid[b, :n] = True
-        answer[b, max(0, plen - 1):n] = True
-    return toks, feats, valid, answer
-
-
 # ---------------------------------------------------------------------------------------------- model
 
 def init_from_target(target: Decoder, vocab_ids: torch.Tensor, layers: int = 1, seed: int = 0,
@@ -113,8 +59,6 @@ def init_from_target(target: Decoder, vocab_ids: torch.Tensor, layers: int = 1, 
     input norms' weights at `feature_rms`: the first layer initially sees the previous token's feature plus
     the token's embedding at the scale of the target's residual stream, and Adam's steps on `fc` are small
     relative to its entries."""
-    from ssd.config import ModelConfig
-
     cfg = ModelConfig.from_dict(feature_draft_config(target.cfg, len(vocab_ids), layers))
     cfg.name = target.cfg.name + "-eagle"
     g = torch.Generator().manual_seed(seed)
@@ -135,74 +79,6 @@ def init_from_target(target: Decoder, vocab_ids: torch.Tensor, layers: int = 1, 
         draft.feature_norm.weight.data = torch.full((H,), feature_rms)
         draft.embed_norm.weight.data = torch.full((H,), feature_rms)
     return draft
-
-
-def _layer(layer, x, cos, sin, attend):
-    """One decoder layer with a custom attention `attend(q, k, v) -> [B, T, h, d]`; returns (out, k, v)."""
-    a = layer.attn
-    B, T, _ = x.shape
-    h = layer.input_norm(x)
-    q, k, v = F.linear(h, a.qkv_weight, a.qkv_bias).split((a.q_size, a.kv_size, a.kv_size), dim=-1)
-    q, k, v = q.view(B, T, a.h, a.d), k.view(B, T, a.hkv, a.d), v.view(B, T, a.hkv, a.d)
-    if a.q_norm is not None:
-        q, k = a.q_norm(q), a.k_norm(k)
-    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    out = attend(q, k, v)
-    out = F.linear(out.reshape(B, T, a.q_size), a.o_weight)
-    x = x + (out if a.o_bias is None else out + a.o_bias)
-    return x + layer.mlp(layer.post_attn_norm(x)), k, v
-
-
-def _shift(t: torch.Tensor, n: int) -> torch.Tensor:
-    """t[:, p] -> t[:, p - n] along dim 1 (zeros where p < n)."""
-    if n == 0:
-        return t
-    return torch.cat((torch.zeros_like(t[:, :n]), t[:, :-n]), dim=1)
-
-
-def unrolled_logits(draft: FeatureDraft, toks: torch.Tensor, feats: torch.Tensor, depth: int) -> list[torch.Tensor]:
-    """Draft-vocabulary logits [B, T, Vd] for depths 1..depth. Depth k at position p is the draft's k-th
-    drafted token when the last verified token sits at p-k+1 (its label is the token after p)."""
-    if len(draft.layers) != 1:
-        raise ValueError("the unrolled forward is written for one-layer drafts")
-    layer = draft.layers[0]
-    B, T = toks.shape
-    pos = torch.arange(T)
-    cos, sin = draft.rope(T).lookup(pos[None].expand(B, T))
-    scale = 1.0 / math.sqrt(layer.attn.d)
-    rep = layer.attn.h // layer.attn.hkv
-    keys: list[tuple[torch.Tensor, torch.Tensor]] = []   # per depth: k, v [B, T, hkv, d]
-    prev = _shift(feats, 1)                               # depth 1 reads the target's feature at p-1
-    outs = []
-    for k in range(1, depth + 1):
-        x = draft.input_states(prev, toks)
-
-        def attend(q, kk, vv, k=k):
-            if k == 1:
-                return F.scaled_dot_product_attention(
-                    q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), is_causal=True,
-                    enable_gqa=True).transpose(1, 2)
-            qh = q.transpose(1, 2)                                            # [B, h, T, d]
-            k1 = keys[0][0].repeat_interleave(rep, 2).transpose(1, 2)         # [B, h, T, d]
-            v1 = keys[0][1].repeat_interleave(rep, 2).transpose(1, 2)
-            s1 = (qh @ k1.transpose(-1, -2)) * scale                          # [B, h, T, T]
-            allowed = pos[None, :] <= pos[:, None] - (k - 1)                  # col <= p - k + 1
-            s1 = s1.masked_fill(~allowed, float("-inf"))
-            diag_k, diag_v = [], []
-            for j in range(2, k + 1):                                         # depth j's key at p-(k-j)
-                kj, vj = (kk, vv) if j == k else keys[j - 1]
-                diag_k.append(_shift(kj, k - j).repeat_interleave(rep, 2).transpose(1, 2))
-                diag_v.append(_shift(vj, k - j).repeat_interleave(rep, 2).transpose(1, 2))
-            sd = torch.stack([(qh * dk).sum(-1) for dk in diag_k], -1) * scale  # [B, h, T, k-1]
-            p = torch.softmax(torch.cat((s1, sd), -1).float(), -1).to(qh.dtype)
-            out = p[..., :T] @ v1 + sum(p[..., T + i, None] * dv for i, dv in enumerate(diag_v))
-            return out.transpose(1, 2)
-
-        out, kk, vv = _layer(layer, x, cos, sin, attend)
-        keys.append((kk, vv))
-        outs.append(draft.draft_logits(draft.norm(out)))
-        prev = _shift(out, 1)
-    return outs
 
 
 def target_logprobs(draft: FeatureDraft, feats: torch.Tensor) -> torch.Tensor:
@@ -261,8 +137,6 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
           progress: bool = True) -> dict:
     """Fit a feature draft; resumable from `out/state.safetensors` (weights, optimiser moments, step, RNG
     position). Returns the training history."""
-    from tqdm import tqdm
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     def load() -> tuple[Corpus, int]:
@@ -351,8 +225,6 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
 
 def held_out_accuracy(draft: FeatureDraft, held: Corpus, cfg: TrainConfig, depth: int = 4) -> list[float]:
     """Per-depth conditional greedy acceptance on answer positions of held-out teacher data."""
-    from ssd.distill.evaluate import chain_acceptance
-
     return chain_acceptance(draft, held.seqs[:48], depth)["conditional"]
 
 
@@ -381,16 +253,12 @@ def _opt_state_from(st: dict, opt) -> dict:
 
 def load_trained(target: Decoder, run: str | Path) -> FeatureDraft:
     """The draft of a training run (`run/draft.safetensors`) on `target`'s embedding, norm and head."""
-    from ssd.config import ModelConfig
-
     st = load_file(str(Path(run) / "draft.safetensors"))
     ids = st["vocab_ids"].long()
     cfg = ModelConfig.from_dict(json.loads((Path(run) / "draft_config.json").read_text()))
     draft = init_from_target(target, ids, cfg.num_layers)
     names = {"fc.weight": draft.fc_weight, "fc.bias": draft.fc_bias,
              "fc.feature_norm.weight": draft.feature_norm.weight, "fc.embed_norm.weight": draft.embed_norm.weight}
-    from ssd.models.loader import hf_layer_tensors
-
     for i, layer in enumerate(draft.layers):
         names |= hf_layer_tensors(layer, i)
     with torch.no_grad():

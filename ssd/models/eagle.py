@@ -23,13 +23,18 @@ layer(s) (HF names), `model.embed_tokens.weight` and `model.norm.weight` (copies
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 from torch import nn
 
 from ssd.config import ModelConfig
 from ssd.models.decoder import Decoder, ForwardBatch, RMSNorm
+from ssd.models.hf_layout import hf_layer_tensors
 from ssd.models.linear import linear
 
 
@@ -96,8 +101,6 @@ def feature_draft_config(target: ModelConfig, draft_vocab_size: int, layers: int
 def trained_tensors(draft: FeatureDraft) -> dict[str, torch.Tensor]:
     """What training changes (fc, the layers) plus the vocabulary ids: the part worth shipping; the rest
     (embedding, final norm, head rows) is the target's own and is taken from it at install time."""
-    from ssd.models.loader import hf_layer_tensors
-
     out = {"fc.weight": draft.fc_weight, "fc.bias": draft.fc_bias, "vocab_ids": draft.vocab_ids,
            "fc.feature_norm.weight": draft.feature_norm.weight, "fc.embed_norm.weight": draft.embed_norm.weight}
     for i, layer in enumerate(draft.layers):
@@ -109,12 +112,6 @@ def write_draft_folder(draft: FeatureDraft, folder, tokenizer_from=None, dtype=t
                        extra_config: dict | None = None) -> None:
     """A loadable model folder (config.json, model.safetensors, and the tokenizer files copied from
     `tokenizer_from`, the target's folder)."""
-    import json
-    import shutil
-    from pathlib import Path
-
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = trained_tensors(draft) | {"model.embed_tokens.weight": draft.embed.detach(),

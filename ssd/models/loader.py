@@ -1,7 +1,8 @@
 """Load a Hugging Face model folder (config.json + one or more *.safetensors) into a `Decoder`.
 
-Every expected tensor must be present with its exact shape; the errors name the file and the tensor. q/k/v
-and gate/up projections are fused while loading, so each layer runs two matmuls fewer per token.
+Every expected tensor (`ssd.models.hf_layout`) must be present with its exact shape; the errors name the file
+and the tensor. q/k/v and gate/up projections are fused while loading, so each layer runs two matmuls fewer
+per token.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from tqdm import tqdm
 
 from ssd.config import ModelConfig
 from ssd.models.decoder import Decoder
+from ssd.models.eagle import FeatureDraft
+from ssd.models.hf_layout import expected_tensors
 from ssd.models.parallel import TPGroup
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -21,35 +24,6 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 class WeightLoadError(ValueError):
     """A weight file or tensor is missing, unreadable or has the wrong shape."""
-
-
-def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Hugging Face tensor name -> shape for a model with this config."""
-    D, hd = cfg.hidden_size, cfg.head_dim
-    q, kv, inter = cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.intermediate_size
-    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, D), "model.norm.weight": (D,)}
-    if cfg.feature_draft:
-        Vd, Fs = cfg.feature_draft["draft_vocab_size"], cfg.feature_draft["feature_size"]
-        shapes |= {"lm_head.weight": (Vd, D), "fc.weight": (D, Fs + D), "fc.bias": (D,), "vocab_ids": (Vd,),
-                   "fc.feature_norm.weight": (Fs,), "fc.embed_norm.weight": (D,)}
-    elif not cfg.tie_word_embeddings:
-        shapes["lm_head.weight"] = (cfg.vocab_size, D)
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        shapes |= {p + "self_attn.q_proj.weight": (q, D), p + "self_attn.k_proj.weight": (kv, D),
-                   p + "self_attn.v_proj.weight": (kv, D), p + "self_attn.o_proj.weight": (D, q),
-                   p + "mlp.gate_proj.weight": (inter, D), p + "mlp.up_proj.weight": (inter, D),
-                   p + "mlp.down_proj.weight": (D, inter), p + "input_layernorm.weight": (D,),
-                   p + "post_attention_layernorm.weight": (D,)}
-        if cfg.attention_bias:
-            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                       p + "self_attn.v_proj.bias": (kv,), p + "self_attn.o_proj.bias": (D,)}
-        if cfg.mlp_bias:
-            shapes |= {p + "mlp.gate_proj.bias": (inter,), p + "mlp.up_proj.bias": (inter,),
-                       p + "mlp.down_proj.bias": (D,)}
-        if cfg.qk_norm:
-            shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
-    return shapes
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -108,7 +82,6 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     if cfg.feature_draft:
         if tp is not None:
             raise ValueError(f"{folder}: a feature-reading draft runs without tensor parallelism")
-        from ssd.models.eagle import FeatureDraft
         model = FeatureDraft(cfg)
     else:
         model = Decoder(cfg, tp)
@@ -162,20 +135,3 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
         put(layer.post_attn_norm.weight, sd[p + "post_attention_layernorm.weight"])
     model.eval().requires_grad_(False)
     return model
-
-
-def hf_layer_tensors(layer, i: int) -> dict[str, torch.Tensor]:
-    """Hugging Face names -> tensors of decoder layer `i` (the inverse of `load_model`'s layer mapping)."""
-    a, p = layer.attn, f"model.layers.{i}."
-    q, k, v = a.qkv_weight.split((a.q_size, a.kv_size, a.kv_size))
-    gate, up = layer.mlp.gate_up_weight.split(layer.mlp.inter)
-    out = {p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k, p + "self_attn.v_proj.weight": v,
-           p + "self_attn.o_proj.weight": a.o_weight, p + "mlp.gate_proj.weight": gate,
-           p + "mlp.up_proj.weight": up, p + "mlp.down_proj.weight": layer.mlp.down_weight,
-           p + "input_layernorm.weight": layer.input_norm.weight,
-           p + "post_attention_layernorm.weight": layer.post_attn_norm.weight}
-    if a.q_norm is not None:
-        out |= {p + "self_attn.q_norm.weight": a.q_norm.weight, p + "self_attn.k_norm.weight": a.k_norm.weight}
-    if a.qkv_bias is not None or layer.mlp.gate_up_bias is not None:
-        raise ValueError("biased layers are not written by this trainer")
-    return out

@@ -4,7 +4,8 @@ stay the target's."""
 import pytest
 import torch
 
-from ssd.distill.train import init_from_target, unrolled_logits
+from ssd.distill.train import init_from_target
+from ssd.distill.unroll import unrolled_logits
 from ssd.engine.ar import AREngine
 from ssd.engine.draft import DraftParams, DraftWorker
 from ssd.engine.features import FeatureBlock, from_wire, to_wire

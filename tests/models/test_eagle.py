@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ssd.config import ModelConfigError
-from ssd.distill.train import init_from_target, unrolled_logits
+from ssd.distill.train import init_from_target
+from ssd.distill.unroll import unrolled_logits
 from ssd.models.decoder import ForwardBatch
 from ssd.models.eagle import FeatureDraft, write_draft_folder
 from ssd.models.loader import WeightLoadError, load_model
