@@ -298,7 +298,7 @@ def stack_config(args):
     import shlex
 
     from ssd.launcher import StackConfig
-    from ssd.worker_service import WorkerConfig, device_problem
+    from ssd.worker.service import WorkerConfig, device_problem
 
     if args.routers > 1 and not args.state_redis_url:
         raise ValueError("--routers > 1 needs --state-redis-url (the routers share request state)")

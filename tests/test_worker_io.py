@@ -6,7 +6,7 @@ import zmq
 
 from ssd import wire
 from ssd.engine.handler import Handler
-from ssd.worker_io import PeerGone, WorkerEndpoint
+from ssd.worker.io import PeerGone, WorkerEndpoint
 
 
 def ready():

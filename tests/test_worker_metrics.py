@@ -9,8 +9,8 @@ from ssd.control import worker_info_pb
 from ssd.engine.target import TargetWorker
 from ssd.models.loader import load_model
 from ssd.sampling import SamplingParams
-from ssd.worker_metrics import kv_stats, serve_metrics
-from ssd.worker_service import INFO_STATS
+from ssd.worker.metrics import kv_stats, serve_metrics
+from ssd.worker.service import INFO_STATS
 
 PROMPT = list(range(3, 43))   # 40 tokens: 10 full blocks of 4
 

@@ -1,16 +1,18 @@
 """The draft service: one process owning a draft model, serving `DraftHandler` over ZeroMQ.
 
 The protocol (adds, rounds, JIT, features, fan-out) is the handler's: `ssd/engine/draft_handler.py`. This
-module holds the service's settings and its entry point over the worker shell (`ssd/worker_service.py`).
+module holds the service's settings and what the worker shell (`ssd/worker/service.py`) needs of the draft
+role: how its worker is built, and the K and fan-out its `Ready` announces.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ssd.engine.draft import DraftWorker
 from ssd.engine.draft_handler import DraftHandler
 from ssd.spec.fanout import uniform_fanout
-from ssd.worker_service import WorkerConfig, run_worker, setup_process
+from ssd.worker.service import Loaded, Role, WorkerConfig, load_plain, run_worker, setup_process
 
 
 @dataclass(slots=True)
@@ -28,14 +30,26 @@ class DraftConfig(WorkerConfig):
         return uniform_fanout(self.k, self.budget or 2 * (self.k + 1))
 
 
+def draft_role(cfg: DraftConfig, folder: Path) -> Role:
+    """The draft as the worker shell runs it (building it loads nothing)."""
+    fanout = cfg.resolved_fanout()
+
+    def load() -> Loaded:
+        model = load_plain(cfg, folder)
+        worker = DraftWorker(model, cfg.max_seqs, min(cfg.max_len, model.cfg.max_position_embeddings), cfg.k, fanout,
+                             cfg.kv_tokens, cfg.block_size, cuda_graphs=cfg.cuda_graphs)
+        return Loaded(model, worker, worker.feature_size)
+
+    def check() -> str | None:
+        if cfg.tp_size != 1:
+            return f"tensor parallelism (--tp-size {cfg.tp_size}) is for the target; run the draft with --tp-size 1"
+        return None
+
+    return Role("draft", folder, load, DraftHandler, cfg.k, fanout, check)
+
+
 def run(cfg: DraftConfig) -> int:
     setup_process(cfg, "draft")
     from ssd.paths import draft_dir
 
-    fanout = cfg.resolved_fanout()
-
-    def build(model) -> DraftWorker:
-        return DraftWorker(model, cfg.max_seqs, min(cfg.max_len, model.cfg.max_position_embeddings), cfg.k, fanout,
-                           cfg.kv_tokens, cfg.block_size, cuda_graphs=cfg.cuda_graphs)
-
-    return run_worker(cfg, "draft", cfg.model or draft_dir(cfg.models_dir), build, DraftHandler, cfg.k, fanout)
+    return run_worker(cfg, draft_role(cfg, cfg.model or draft_dir(cfg.models_dir)))

@@ -18,7 +18,7 @@ import zmq
 
 from ssd import wire
 from ssd.curve import ClientKeys
-from ssd.worker_io import bound_frames, recv_message
+from ssd.worker.io import bound_frames, recv_message
 
 log = logging.getLogger("ssd.router")
 

@@ -29,7 +29,7 @@ log = logging.getLogger("ssd.target")
 
 
 class TargetHandler(Handler):
-    """The target's logic over a `TargetWorker` (or its tensor-parallel leader, `ssd/tp_service.py`)."""
+    """The target's logic over a `TargetWorker` (or its tensor-parallel leader, `ssd/engine/target_tp.py`)."""
 
     log = log
     worker: TargetWorker

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from services.draft.service import DraftConfig
-from services.target.service import TargetConfig
+from services.draft.service import DraftConfig, draft_role
+from services.target.service import TargetConfig, target_role
 from ssd.service_config import load_config
-from ssd.worker_service import run_worker
+from ssd.worker.service import run_worker
 
 
 def test_tp_size_is_a_setting_with_default_one():
@@ -22,14 +22,16 @@ def test_tp_size_is_a_setting_with_default_one():
                                            (4, "tensor parallel size 4 exceeds num_key_value_heads = 2")])
 def test_run_worker_refuses_sizes_that_cannot_run_before_loading(tiny_llama_dir, caplog, size, message):
     with caplog.at_level(logging.ERROR):
-        code = run_worker(TargetConfig(tp_size=size), "target", tiny_llama_dir, build=None, handler_cls=None)
+        cfg = TargetConfig(tp_size=size)
+        code = run_worker(cfg, target_role(cfg, tiny_llama_dir))
     assert code == 2
     assert message in caplog.text
 
 
 def test_tp_is_for_the_target_only(tiny_llama_dir, caplog):
     with caplog.at_level(logging.ERROR):
-        code = run_worker(DraftConfig(tp_size=2), "draft", tiny_llama_dir, build=None, handler_cls=None)
+        cfg = DraftConfig(tp_size=2)
+        code = run_worker(cfg, draft_role(cfg, tiny_llama_dir))
     assert code == 2
     assert "is for the target" in caplog.text
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ssd import wire
-from ssd.worker_io import PeerGone, WorkerEndpoint
+from ssd.worker.io import PeerGone, WorkerEndpoint
 from services.router.peers import Peer
 
 FUZZ = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])

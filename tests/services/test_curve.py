@@ -7,7 +7,7 @@ import zmq
 from ssd import wire
 from ssd.cli import main
 from ssd.curve import ClientKeys, KeyFileError, ServerKeys, client_keys, load_keypair, server_keys
-from ssd.worker_io import WorkerEndpoint
+from ssd.worker.io import WorkerEndpoint
 from services.router.peers import Peer
 
 READY = wire.Ready("target", "m", "h", 100, 64, 3, [])

@@ -12,7 +12,7 @@ from ssd.client import Client
 from ssd.control import describe
 from ssd.launcher import Stack, StackConfig
 from ssd.models.parallel import free_port
-from ssd.worker_service import WorkerConfig, device_problem
+from ssd.worker.service import WorkerConfig, device_problem
 
 
 @pytest.mark.parametrize("changes,message", [

@@ -22,7 +22,7 @@ from ssd.engine.target import VerifyItem
 from ssd.engine.target_handler import TargetHandler
 from ssd.models.loader import load_model
 from ssd.params import SamplingParams
-from ssd.tp_service import MirroredTarget, build_target, follow
+from ssd.engine.target_tp import MirroredTarget, build_target, follow
 from services.router import features
 from services.router.core import CoreConfig, Phase, RouterCore
 

@@ -7,7 +7,7 @@ import pytest
 from ssd import wire
 from ssd.models.loader import load_model
 from ssd.params import FinishReason, SamplingParams
-from ssd.tp_service import build_target
+from ssd.engine.target_tp import build_target
 from services.router.core import MAX_TARGET_FAILURES, CoreConfig, Phase, RouterCore
 from ssd.engine.target_handler import TargetHandler
 

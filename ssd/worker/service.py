@@ -2,7 +2,10 @@
 
 A worker process loads its model while its health is NOT_SERVING, binds its data plane (`WorkerEndpoint`),
 reports the addresses it bound (`--bound-file`: any of them may be given with port 0), turns SERVING, then
-hands each batch of inbox messages to its role's handler until SIGTERM/SIGINT or a Drain. The handler holds the role's logic; this module only moves messages.
+hands each batch of inbox messages to its role's handler until SIGTERM/SIGINT or a Drain. The handler holds
+the role's logic; this module only moves messages. What is role-specific (the checks of its settings, how its
+worker is loaded and built, its handler, what its `Ready` announces) the role's service passes as a `Role`, so
+this module imports no target or draft code.
 """
 from __future__ import annotations
 
@@ -14,19 +17,42 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ssd import wire
 from ssd.control import ControlServer
 from ssd.curve import server_keys
 from ssd.engine.handler import Handler
 from ssd.service_config import bound_host_port, write_bound_file
-from ssd.worker_io import PeerGone, WorkerEndpoint
-from ssd.worker_metrics import kv_stats, serve_metrics
+from ssd.worker.io import PeerGone, WorkerEndpoint
+from ssd.worker.metrics import kv_stats, serve_metrics
 
 log = logging.getLogger(__name__)
 
 INFO_STATS = ("prefix_cache_queried_tokens", "prefix_cache_hit_tokens", "preemptions")  # in Describe
+
+
+@dataclass(slots=True)
+class Loaded:
+    """A role's worker once loaded: what the shell serves, describes and announces."""
+    model: Any          # the (rank 0) Decoder: its cfg gives the vocabulary size
+    worker: Any         # a TargetWorker, its tensor-parallel leader or a DraftWorker: seqs, free, cache, max_len
+    feature_size: int   # Ready.feature_size: a target's hidden size, the row size a draft reads (0: none)
+    close: Callable[[], None] | None = None   # called once serving ends (e.g. stop tensor-parallel ranks)
+
+
+@dataclass(slots=True)
+class Role:
+    """What a role's service gives the shell: nothing here knows a role beyond this."""
+    name: str                 # "target" or "draft": Ready.role, Describe's role, logs and metrics labels
+    folder: Path              # the model folder (Ready.model_id is its name; the tokenizer is read from it)
+    load: Callable[[], Loaded]                      # loads the model and builds the worker (control plane up)
+    handler: Callable[[Any, WorkerEndpoint], Handler]   # the role's logic over the worker and its endpoint
+    k: int = 0                # Ready.k and Describe's k (a draft's K)
+    fanout: list[int] = field(default_factory=list)     # Ready.fanout and Describe's fan-out (a draft's)
+    # why this role cannot run these settings (None: it can), checked before anything loads; without it a
+    # --tp-size above 1 is refused (tensor parallelism is the role's to offer)
+    check: Callable[[], str | None] | None = None
 
 
 @dataclass(slots=True)
@@ -119,10 +145,30 @@ def wait_drained(handler: Handler, grace: float) -> int:
     return handler.active_sequences()
 
 
-def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, handler_cls,
-               k: int = 0, fanout: list[int] | None = None) -> int:
-    """Serve one worker process: `build(model)` makes the role's worker, `handler_cls(worker, endpoint)` its logic."""
-    problem = tp_problem(cfg, role, folder) or device_problem(cfg)
+def load_plain(cfg: WorkerConfig, folder: Path):
+    """The model of `folder` on --device in --dtype (one process, no tensor parallelism)."""
+    import torch
+
+    from ssd.models.loader import load_model
+
+    return load_model(folder, dtype=getattr(torch, cfg.dtype), device=cfg.device)
+
+
+def settings_problem(cfg: WorkerConfig, role: Role) -> str | None:
+    """Why `cfg` cannot run as `role` (None when it can); checked before anything loads."""
+    if cfg.tp_size < 1:
+        return f"--tp-size must be at least 1, got {cfg.tp_size}"
+    if role.check is not None:
+        problem = role.check()
+    else:
+        problem = None if cfg.tp_size == 1 else (f"tensor parallelism (--tp-size {cfg.tp_size}) is not available "
+                                                 f"for the {role.name}; run it with --tp-size 1")
+    return problem or device_problem(cfg)
+
+
+def run_worker(cfg: WorkerConfig, role: Role) -> int:
+    """Serve one worker process: `role.load()` makes the role's worker, `role.handler(worker, endpoint)` its logic."""
+    problem = settings_problem(cfg, role)
     if problem:
         log.error("%s", problem)
         return 2
@@ -131,12 +177,9 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
     except ValueError as e:
         log.error("%s", e)
         return 2
-    import torch
-
-    from ssd.models.loader import load_model
     from ssd.tokenizer import Tokenizer
 
-    fanout = list(fanout or [])
+    name, folder, k, fanout = role.name, role.folder, role.k, list(role.fanout)
     stop = threading.Event()
     install_signal_handlers(stop)
     state: dict = {"handler": None}
@@ -144,7 +187,7 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
     def info() -> dict:
         h = state["handler"]
         stats = kv_stats(state["worker"]) if "worker" in state else {}
-        return {"role": role.upper(), "model_id": folder.name, "tokenizer_hash": state.get("fingerprint", ""),
+        return {"role": name.upper(), "model_id": folder.name, "tokenizer_hash": state.get("fingerprint", ""),
                 "vocab_size": state.get("vocab", 0), "max_len": state.get("max_len", cfg.max_len),
                 "num_slots": cfg.max_seqs,
                 "kv_capacity_tokens": state.get("kv_tokens", cfg.kv_tokens or cfg.max_seqs * cfg.max_len),
@@ -161,44 +204,30 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
 
     control = ControlServer(cfg.control_address, info, on_drain)
     control_port = control.start()
-    followers = channel = None
-    if cfg.tp_size > 1:
-        from ssd.tp_service import SETTINGS, Followers, MirroredTarget, OpChannel
-
-        followers = Followers(cfg.tp_size, str(folder), {name: getattr(cfg, name) for name in SETTINGS})
-        tp = followers.init_leader()
-        channel = OpChannel()
-        model = load_model(folder, dtype=getattr(torch, cfg.dtype), tp=tp)
-        worker = MirroredTarget(build(model), channel)
-        log.info("tensor parallel over %d ranks", cfg.tp_size)
-    else:
-        model = load_model(folder, dtype=getattr(torch, cfg.dtype), device=cfg.device)
-        worker = build(model)
+    loaded = role.load()
+    model, worker = loaded.model, loaded.worker
     tok = Tokenizer.from_folder(folder)
     state["worker"] = worker
-    metrics = serve_metrics(cfg.metrics_address, role, worker) if cfg.metrics_address else None
+    metrics = serve_metrics(cfg.metrics_address, name, worker) if cfg.metrics_address else None
     state.update(fingerprint=tok.fingerprint, vocab=model.cfg.vocab_size, kv_bytes=worker.cache.nbytes(),
                  kv_tokens=worker.cache.capacity_tokens, max_len=worker.max_len)
 
-    # A target's features are its hidden states; a draft reads features of worker.feature_size (0: none).
-    feature_size = model.cfg.hidden_size if role == "target" else worker.feature_size
-
     def ready() -> wire.Ready:
-        return wire.Ready(role, folder.name, tok.fingerprint, model.cfg.vocab_size, worker.max_len, k, fanout,
-                          feature_size)
+        return wire.Ready(name, folder.name, tok.fingerprint, model.cfg.vocab_size, worker.max_len, k, fanout,
+                          loaded.feature_size)
 
-    endpoint = WorkerEndpoint(cfg.data_address, ready, role, curve)
+    endpoint = WorkerEndpoint(cfg.data_address, ready, name, curve)
     state["endpoint"] = endpoint.start()
     write_bound_file(cfg.bound_file, {
-        "role": role, "data_address": state["endpoint"],
+        "role": name, "data_address": state["endpoint"],
         "control_address": bound_host_port(cfg.control_address, control_port),
         "metrics_address": bound_host_port(cfg.metrics_address, metrics.server_port) if metrics else ""})
-    state["handler"] = handler = handler_cls(worker, endpoint)
+    state["handler"] = handler = role.handler(worker, endpoint)
     registration = None
     if cfg.redis_url:
         from ssd.discovery import RedisRegistry
 
-        registration = RedisRegistry(cfg.redis_url).register(role, cfg.advertise_address or state["endpoint"])
+        registration = RedisRegistry(cfg.redis_url).register(name, cfg.advertise_address or state["endpoint"])
     try:
         serve(handler, endpoint, control, stop)
     finally:
@@ -209,8 +238,8 @@ def run_worker(cfg: WorkerConfig, role: str, folder: Path, build: Callable, hand
         control.stop(0)
         if metrics is not None:
             metrics.shutdown()
-        if followers is not None:
-            followers.stop(channel)
+        if loaded.close is not None:
+            loaded.close()
     return 0
 
 
@@ -240,22 +269,4 @@ def device_problem(cfg: WorkerConfig) -> str | None:
             return "--tp-size > 1 runs its ranks on the CPU in this version; use --device cpu"
     elif cfg.cuda_graphs == "on":
         return "--cuda-graphs on needs --device cuda"
-    return None
-
-
-def tp_problem(cfg: WorkerConfig, role: str, folder: Path) -> str | None:
-    """Why `--tp-size` cannot run (None when it can); checked before anything loads."""
-    if cfg.tp_size < 1:
-        return f"--tp-size must be at least 1, got {cfg.tp_size}"
-    if cfg.tp_size == 1:
-        return None
-    if role != "target":
-        return f"tensor parallelism (--tp-size {cfg.tp_size}) is for the target; run the {role} with --tp-size 1"
-    from ssd.config import ModelConfig
-    from ssd.models.parallel import TPGroup
-
-    try:
-        TPGroup(0, cfg.tp_size).check(ModelConfig.from_folder(folder))
-    except (ValueError, OSError) as e:
-        return f"--tp-size {cfg.tp_size}: {e}"
     return None

@@ -1,4 +1,4 @@
-"""One target service over its tensor-parallel ranks.
+"""One target service over its tensor-parallel ranks (used by `services/target/service.py`).
 
 Rank 0, the leader, is the service: it owns the data plane and the control plane and runs the handler. Ranks
 1..N-1, the followers, are processes it spawns; each holds its shard of the model and a `TargetWorker` of its
@@ -214,3 +214,30 @@ class Followers:
                 p.terminate()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def tp_problem(size: int, folder) -> str | None:
+    """Why the model in `folder` cannot run over `size` ranks (None when it can); read before anything loads."""
+    if size == 1:
+        return None
+    from ssd.config import ModelConfig
+
+    try:
+        TPGroup(0, size).check(ModelConfig.from_folder(folder))
+    except (ValueError, OSError) as e:
+        return f"--tp-size {size}: {e}"
+    return None
+
+
+def load_leader(folder, settings: dict, size: int):
+    """Spawn ranks 1..size-1, join them and load rank 0's shard: `(model, worker, close)`, the worker mirroring
+    every change to the followers and `close()` stopping them."""
+    from ssd.models.loader import load_model
+
+    followers = Followers(size, str(folder), settings)
+    tp = followers.init_leader()
+    channel = OpChannel()
+    model = load_model(folder, dtype=getattr(torch, settings.get("dtype", "float32")), tp=tp)
+    worker = MirroredTarget(build_target(model, settings), channel)
+    log.info("tensor parallel over %d ranks", size)
+    return model, worker, lambda: followers.stop(channel)
