@@ -22,9 +22,10 @@ Contract
   [0, 2**31), probabilities finite in [0, 1]. Probabilities travel as float32: decoded floats are the
   float32 roundings of those sent. ``proposal=None`` means greedy (one-hot).
 * A feature block is ``(start, data)``: ``start`` the position of its first row, an int in [0, 2**63);
-  ``data`` its rows, row-major little-endian float16 (the target's final pre-norm hidden states, one row per
-  position), a msgpack bin of even length, at most ``MAX_FRAME_BYTES``. The row size (hidden size) is not on
-  the wire: receivers check ``len(data)`` against it. Senders keep a message's feature bytes within
+  ``data`` its rows, row-major, each value a little-endian float16 (``FEATURE_DTYPE``; the target's final
+  pre-norm hidden states, one row per position), a msgpack bin of even length, at most ``MAX_FRAME_BYTES``.
+  The row size (hidden size) is not on the wire: ``feature_row_bytes(dim)`` is a row's bytes and
+  ``feature_rows(data, dim)`` checks ``len(data)`` against it (the torch side: ``ssd/engine/features.py``). Senders keep a message's feature bytes within
   ``MAX_FEATURE_BYTES``, dropping the oldest rows first (a feature-reading draft reads missing rows as zeros;
   exactness never depends on features).
 * Flags are msgpack booleans; decode refuses ints in their place.
@@ -54,10 +55,10 @@ import numpy as np
 
 __all__ = ["MAX_ARRAYS", "MAX_ENTRIES", "MAX_FEATURE_BYTES", "MAX_FRAME_BYTES", "MAX_ITEMS", "MAX_ROW_ENTRIES",
            "MAX_ROWS", "MAX_STR", "MAX_TOKENS", "MESSAGE_TYPES", "PROTOCOL_VERSION", "Restore", "Restored",
-           "CacheEntries", "CacheEntry", "DraftAdd", "DraftAddItem", "DraftParamsSpec", "DraftRound", "DraftRoundItem",
+           "CacheEntries", "CacheEntry", "FEATURE_DTYPE", "DraftAdd", "DraftAddItem", "DraftParamsSpec", "DraftRound", "DraftRoundItem",
            "Error", "Features", "Free", "Hello", "Jit", "JitItem", "JitResult", "Message", "Outcome", "Outcomes",
            "Ping", "Pong", "Prefill", "PrefillItem", "Prefilled", "Ready", "Row", "SamplingSpec", "Verify",
-           "VerifyItem", "WireError", "decode", "encode"]
+           "VerifyItem", "WireError", "decode", "encode", "feature_row_bytes", "feature_rows"]
 
 PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 16 << 20   # bytes per payload frame (decode/encode argument overrides it)
@@ -69,11 +70,25 @@ MAX_ROWS = 1024              # rows per proposal, ints per fanout
 MAX_ROW_ENTRIES = 1 << 18    # support size of one proposal row
 MAX_STR = 1 << 16            # characters per string
 MAX_ARRAYS = 1 << 18         # msgpack arrays per payload (an empty array is 1 byte on the wire, 56 in memory)
+FEATURE_DTYPE = "<f2"        # a feature value: little-endian float16 (numpy's name)
+FEATURE_VALUE_BYTES = 2
 assert sys.byteorder == "little" and array("i").itemsize == array("f").itemsize == 4, "needs a little-endian host"
 
 
 class WireError(ValueError):
     """A message that cannot be encoded or decoded; the text names the message type and the field."""
+
+
+def feature_row_bytes(dim: int) -> int:
+    """The bytes of one feature row of `dim` values."""
+    return FEATURE_VALUE_BYTES * dim
+
+
+def feature_rows(data: bytes, dim: int) -> int:
+    """How many rows of `dim` values a feature block's `data` holds; WireError unless a whole number."""
+    if dim <= 0 or len(data) % feature_row_bytes(dim):
+        raise WireError(f"feature data of {len(data)} bytes is not a whole number of float16 rows of {dim}")
+    return len(data) // feature_row_bytes(dim)
 
 
 class _Bad(Exception):
@@ -167,7 +182,7 @@ class _Halves:
     """Float16 rows as a bin: even length, at most MAX_FRAME_BYTES; encode takes any bytes-like object."""
 
     def dec(self, v):
-        if type(v) is not bytes or len(v) % 2 or len(v) > MAX_FRAME_BYTES:
+        if type(v) is not bytes or len(v) % FEATURE_VALUE_BYTES or len(v) > MAX_FRAME_BYTES:
             what = f"{len(v)} bytes" if type(v) is bytes else _what(v)
             raise _Bad(f"expected a bin of float16 values (an even number of bytes, at most "
                        f"MAX_FRAME_BYTES={MAX_FRAME_BYTES}), got {what}")
@@ -189,8 +204,8 @@ class _Optional:
 
 
 class _List:
-    def __init__(self, kind, limit: str):
-        self.kind, self.limit, self.max = kind, limit, globals()[limit]
+    def __init__(self, kind, limit: str, value: int | None = None):   # limit: its name (a MAX_* here, or value)
+        self.kind, self.limit, self.max = kind, limit, globals()[limit] if value is None else value
 
     def _check(self, v) -> list:
         if type(v) is not list:
@@ -209,8 +224,8 @@ class _List:
 class _Ints(_List):
     """A list of ints in [0, 2**bits), checked in bulk (token lists, fanouts, seq lists)."""
 
-    def __init__(self, limit: str, bits: int = 31):
-        super().__init__(_Int(bits), limit)
+    def __init__(self, limit: str, bits: int = 31, value: int | None = None):
+        super().__init__(_Int(bits), limit, value)
         self.end = 1 << bits
 
     def dec(self, v):
@@ -229,7 +244,8 @@ class _Array:
     def __init__(self, kinds: dict, cls=None):
         self.names, self.kinds, self.cls = tuple(kinds), tuple(kinds.values()), cls
         self.decs, self.encs = tuple(k.dec for k in self.kinds), tuple(k.enc for k in self.kinds)
-        self.values = attrgetter(*self.names) if len(self.names) > 1 else lambda v: (getattr(v, self.names[0]),)
+        self.values = attrgetter(*self.names) if len(self.names) > 1 else lambda v: tuple(
+            getattr(v, name) for name in self.names)
         if cls is not None and self.names != tuple(f.name for f in fields(cls)):
             raise TypeError(f"{cls.__name__}: wire kinds {self.names} do not match its fields")
 

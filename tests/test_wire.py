@@ -93,6 +93,14 @@ def test_features_travel_as_float16_bins_and_encode_takes_bytes_likes():
     assert decode(encode(DraftRound([item]))).items[0].features == (3, HALVES)
 
 
+def test_the_feature_layout_is_defined_here():
+    assert wire.FEATURE_DTYPE == "<f2" and wire.feature_row_bytes(3) == 6
+    assert wire.feature_rows(HALVES, 3) == 2 and wire.feature_rows(b"", 3) == 0
+    for data, dim in ((HALVES, 4), (HALVES[:-2], 3), (HALVES, 0)):
+        with pytest.raises(WireError, match="not a whole number of float16 rows"):
+            wire.feature_rows(data, dim)
+
+
 def test_rows_travel_as_little_endian_int32_and_float32_bins():
     payload = msgpack.unpackb(encode(EXAMPLES[6])[1])
     ids, probs = payload[2][0][2][0]

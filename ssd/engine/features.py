@@ -1,7 +1,9 @@
 """Target features for a feature-reading draft: the target's final pre-norm hidden state per position.
 
 A `FeatureBlock` holds consecutive positions' features, `rows[i]` being the feature at `start + i`. On the
-data plane a block travels as `(start, data)`, data being the rows as little-endian float16, row-major.
+data plane a block travels as `(start, data)`, the layout the wire module defines (`ssd/wire.py`: rows of
+`wire.FEATURE_DTYPE` values, row-major, `wire.feature_row_bytes(dim)` each); this module only converts
+between that layout and tensors.
 """
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from ssd import wire
 
 
 @dataclass(slots=True)
@@ -22,13 +26,14 @@ class FeatureBlock:
 
 
 def to_wire(block: FeatureBlock) -> tuple[int, bytes]:
-    return block.start, block.rows.to(torch.float16).contiguous().cpu().numpy().astype("<f2", copy=False).tobytes()
+    rows = block.rows.to(torch.float16).contiguous().cpu().numpy()
+    return block.start, rows.astype(wire.FEATURE_DTYPE, copy=False).tobytes()
 
 
 def from_wire(start: int, data: bytes, dim: int) -> FeatureBlock:
-    if dim <= 0 or len(data) % (2 * dim):
-        raise ValueError(f"feature data of {len(data)} bytes is not a whole number of float16 rows of {dim}")
-    rows = torch.from_numpy(np.frombuffer(data, dtype="<f2").astype(np.float16).reshape(-1, dim).copy())
+    """The block of `(start, data)` with rows of `dim`; ValueError (a WireError) if data is not whole finite rows."""
+    n = wire.feature_rows(data, dim)
+    rows = torch.from_numpy(np.frombuffer(data, dtype=wire.FEATURE_DTYPE).astype(np.float16).reshape(n, dim).copy())
     if not torch.isfinite(rows).all():
         raise ValueError("feature rows must be finite")
     return FeatureBlock(int(start), rows)

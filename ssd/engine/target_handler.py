@@ -104,14 +104,15 @@ class TargetHandler(Handler):
             if block is None:
                 continue
             rows, dim = block.rows.shape
-            keep = min(rows, room // (2 * dim))
+            row_bytes = wire.feature_row_bytes(dim)
+            keep = min(rows, room // row_bytes)
             if keep < rows:
                 log.debug("seq %d: %d of %d feature rows exceed MAX_FEATURE_BYTES; sending the newest %d", seq,
                           rows - keep, rows, keep)
                 block = FeatureBlock(block.start + rows - keep, block.rows[rows - keep:])
             if keep:
                 out.append((seq, *to_wire(block)))
-                room -= 2 * dim * keep
+                room -= row_bytes * keep
         return out
 
     def _verify(self, messages) -> None:

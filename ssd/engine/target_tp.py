@@ -3,10 +3,12 @@
 Rank 0, the leader, is the service: it owns the data plane and the control plane and runs the handler. Ranks
 1..N-1, the followers, are processes it spawns; each holds its shard of the model and a `TargetWorker` of its
 own. Every call that changes a TargetWorker (prefill, restore, verify, free) is broadcast by the leader before
-it runs (msgpack bytes in a uint8 tensor), and each follower makes the same call with the same inputs (the
-`features` flag included) in the same order, so the collectives inside the forwards meet; only the leader's
-`last_features` is read. A sampled request without a seed gets one from the leader, so every rank draws the
-same tokens. A follower exits when the leader goes; a follower that dies makes the leader exit with code 1.
+it runs (a `ssd/tp_wire.py` message: its length, then its bytes in a uint8 tensor), and each follower makes the
+same call with the same inputs (the `features` flag included) in the same order, so the collectives inside the
+forwards meet; only the leader's `last_features` is read. A call the codec refuses is refused on the leader
+before anything runs anywhere. A sampled request without a seed gets one from the leader, so every rank draws
+the same tokens. A follower exits when the leader goes, and with code 1 when it cannot decode what the leader
+sent; a follower that dies makes the leader exit with code 1.
 """
 from __future__ import annotations
 
@@ -18,13 +20,12 @@ import secrets
 import threading
 import time
 
-import msgpack
 import torch
 import torch.distributed as dist
 
+from ssd import tp_wire
 from ssd.engine.target import TargetWorker, VerifyItem
 from ssd.models.parallel import TPGroup, free_port
-from ssd.params import SamplingParams
 
 log = logging.getLogger("ssd.tp")
 
@@ -48,45 +49,34 @@ def init_rank(rank: int, size: int, port: int, device: str = "cpu") -> TPGroup:
 
 
 class OpChannel:
-    """The leader's broadcast of operations to its followers: a length, then the msgpack bytes."""
+    """The leader's broadcast of messages (`tp_wire` bytes) to its followers: a length, then the bytes."""
 
     def __init__(self):
         self.device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
             else torch.device("cpu")
 
-    def send(self, op: list) -> None:
-        data = msgpack.packb(op, use_bin_type=True)
+    def send(self, data: bytes) -> None:
         dist.broadcast(torch.tensor([len(data)], dtype=torch.int64, device=self.device), 0)
         dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device), 0)
 
-    def recv(self) -> list:
+    def recv(self) -> bytes:
         n = torch.zeros(1, dtype=torch.int64, device=self.device)
         dist.broadcast(n, 0)
-        buf = torch.empty(int(n.item()), dtype=torch.uint8, device=self.device)
+        size = int(n.item())
+        if not 2 <= size <= tp_wire.MAX_OP_BYTES:   # the leader never sends such: the broadcast is corrupt
+            raise tp_wire.TPWireError(f"a tensor-parallel message of {size} bytes announced; at most "
+                                      f"MAX_OP_BYTES={tp_wire.MAX_OP_BYTES} are")
+        buf = torch.empty(size, dtype=torch.uint8, device=self.device)
         dist.broadcast(buf, 0)
-        return msgpack.unpackb(buf.cpu().numpy().tobytes(), raw=False)
+        return buf.cpu().numpy().tobytes()
 
 
-def _key(seq_id):
-    return tuple(seq_id) if isinstance(seq_id, list) else seq_id
+def _requests(requests) -> list[tp_wire.Request]:
+    return [tp_wire.Request(seq_id, list(tokens), p) for seq_id, tokens, p in requests]
 
 
-def _pack_requests(requests) -> list:
-    return [[seq_id, list(tokens), dataclasses.asdict(p)] for seq_id, tokens, p in requests]
-
-
-def _unpack_requests(rows) -> list:
-    return [(_key(seq_id), tokens, SamplingParams(**{**p, "stop_token_ids": tuple(p["stop_token_ids"])}))
-            for seq_id, tokens, p in rows]
-
-
-def _pack_items(items: list[VerifyItem]) -> list:
-    return [[it.seq_id, list(it.tokens), None if it.proposal is None else [[list(i), list(p)] for i, p in it.proposal]]
-            for it in items]
-
-
-def _unpack_items(rows) -> list[VerifyItem]:
-    return [VerifyItem(_key(seq_id), tokens, proposal) for seq_id, tokens, proposal in rows]
+def _calls(requests: list[tp_wire.Request]) -> list:
+    return [(r.seq_id, r.tokens, r.params) for r in requests]
 
 
 def _seeded(requests) -> list:
@@ -109,42 +99,43 @@ class MirroredTarget:
 
     def prefill(self, requests, features: bool = False):
         requests = _seeded(requests)
-        self.channel.send(["prefill", _pack_requests(requests), features])
+        self.channel.send(tp_wire.encode(tp_wire.Prefill(_requests(requests), features)))
         return self.worker.prefill(requests, features=features)
 
     def restore(self, requests):
         requests = _seeded(requests)
-        self.channel.send(["restore", _pack_requests(requests)])
+        self.channel.send(tp_wire.encode(tp_wire.Restore(_requests(requests))))
         return self.worker.restore(requests)
 
     def verify(self, items, features: bool = False):
-        self.channel.send(["verify", _pack_items(items), features])
+        wire_items = [tp_wire.Item(it.seq_id, list(it.tokens), it.proposal) for it in items]
+        self.channel.send(tp_wire.encode(tp_wire.Verify(wire_items, features)))
         return self.worker.verify(items, features=features)
 
     def free(self, seq_id):
-        self.channel.send(["free", seq_id])
+        self.channel.send(tp_wire.encode(tp_wire.Free(seq_id)))
         return self.worker.free(seq_id)
 
 
 def follow(worker: TargetWorker, channel: OpChannel) -> None:
-    """A follower's loop: run what the leader broadcasts until it says stop."""
+    """A follower's loop: run what the leader broadcasts until it says stop. TPWireError when a message does not
+    decode: this rank can no longer mirror the leader."""
     while True:
-        op, *args = channel.recv()
+        msg = tp_wire.decode(channel.recv())
         try:
-            if op == "stop":
+            if isinstance(msg, tp_wire.Stop):
                 return
-            if op == "prefill":
-                worker.prefill(_unpack_requests(args[0]), features=args[1])
-            elif op == "restore":
-                worker.restore(_unpack_requests(args[0]))
-            elif op == "verify":
-                worker.verify(_unpack_items(args[0]), features=args[1])
-            elif op == "free":
-                worker.free(_key(args[0]))
-            else:
-                raise ValueError(f"unknown tensor-parallel operation {op!r}")
+            if isinstance(msg, tp_wire.Prefill):
+                worker.prefill(_calls(msg.requests), features=msg.features)
+            elif isinstance(msg, tp_wire.Restore):
+                worker.restore(_calls(msg.requests))
+            elif isinstance(msg, tp_wire.Verify):
+                worker.verify([VerifyItem(it.seq_id, it.tokens, it.proposal) for it in msg.items],
+                              features=msg.features)
+            elif isinstance(msg, tp_wire.Free):
+                worker.free(msg.seq_id)
         except Exception as e:  # noqa: BLE001 - the leader meets the same error and reports it
-            log.debug("operation %s failed here as on the leader: %s", op, e)
+            log.debug("%s failed here as on the leader: %s", type(msg).__name__, e)
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -170,6 +161,10 @@ def follower_main(rank: int, size: int, port: int, folder: str, settings: dict) 
     log.info("tensor-parallel rank %d of %d ready", rank, size)
     try:
         follow(worker, OpChannel())
+    except tp_wire.TPWireError as e:
+        log.error("rank %d cannot follow its leader: %s; exiting", rank, e)
+        logging.shutdown()
+        os._exit(1)
     except RuntimeError as e:   # the leader went away mid-collective
         log.info("leader gone (%s); rank %d exits", e, rank)
         os._exit(0)
@@ -205,7 +200,7 @@ class Followers:
         self.stopping = True
         if channel is not None:
             try:
-                channel.send(["stop"])
+                channel.send(tp_wire.encode(tp_wire.Stop()))
             except RuntimeError as e:
                 log.warning("could not tell the followers to stop: %s", e)
         for p in self.procs:

@@ -8,12 +8,11 @@ the router forwarded the target's feature rows to the draft.
 """
 import urllib.request
 
-import msgpack
 import numpy as np
 import pytest
 import torch
 
-from ssd import wire
+from ssd import tp_wire, wire
 from ssd.client import Client
 from ssd.engine.draft import DraftWorker
 from ssd.engine.draft_handler import DraftHandler
@@ -298,15 +297,15 @@ def test_tensor_parallel_leader_and_followers_make_the_same_calls_features_inclu
             self.calls.append(("verify", [it.seq_id for it in items], features))
             return []
 
-    class Channel:   # the broadcast as msgpack, without torch.distributed
+    class Channel:   # the broadcast's bytes (tp_wire messages), without torch.distributed
         def __init__(self):
             self.ops = []
 
-        def send(self, op):
-            self.ops.append(msgpack.packb(op, use_bin_type=True))
+        def send(self, data):
+            self.ops.append(bytes(data))
 
         def recv(self):
-            return msgpack.unpackb(self.ops.pop(0), raw=False)
+            return self.ops.pop(0)
 
     leader, follower, channel = Worker(), Worker(), Channel()
     mirrored = MirroredTarget(leader, channel)
@@ -314,7 +313,7 @@ def test_tensor_parallel_leader_and_followers_make_the_same_calls_features_inclu
     mirrored.verify([VerifyItem((PEER, 1), [3], None)], features=True)
     mirrored.verify([VerifyItem((PEER, 1), [3], None)])
     assert mirrored.last_features == {"leader's": "block"}
-    channel.send(["stop"])
+    channel.send(tp_wire.encode(tp_wire.Stop()))
     follow(follower, channel)
     assert follower.calls == leader.calls == [("prefill", [(PEER, 1)], True), ("verify", [(PEER, 1)], True),
                                               ("verify", [(PEER, 1)], False)]
