@@ -220,44 +220,32 @@ def time_decode(model: Decoder, batches: list[int], bandwidth: float, prompt_len
 
 def draft_process(conn, cfg_dict: dict, device: str, dtype_name: str, k: int, fanout: list[int], max_seqs: int,
                   max_len: int, graphs: str = "auto") -> None:
-    from ssd import wire
-    from ssd.engine.draft import DraftParams, DraftWorker
+    """The draft service's handler (ssd.engine.draft_handler) over a pipe: each batch of messages is handled as
+    the service handles one, its replies sent back, then b"end"."""
+    from ssd.engine.draft import DraftWorker
+    from ssd.engine.draft_handler import DraftHandler
     torch.set_num_threads(1)
     cfg = ModelConfig(**cfg_dict)
     worker = DraftWorker(random_model(cfg, device, getattr(torch, dtype_name)), max_seqs, max_len, k, fanout,
                          cuda_graphs=graphs)
+
+    class PipeEndpoint:
+        def send(self, peer, msg) -> None:
+            _send(conn, msg)
+
+    handler = DraftHandler(worker, PipeEndpoint())
     conn.send_bytes(b"ready")
     while True:
-        frames = conn.recv_bytes()
-        if frames == b"stop":
-            return
-        msg = wire.decode([frames[:1], frames[1:]])
-        if isinstance(msg, wire.DraftAdd):
-            for it in msg.items:
-                p = it.params
-                worker.add(it.seq, list(it.tokens), DraftParams(p.temperature, p.top_k, p.saguaro_c, p.saguaro_f,
-                                                                p.seed))
-        elif isinstance(msg, wire.Free):
-            for s in msg.seqs:
-                worker.free(s)
-        elif isinstance(msg, wire.Jit):
-            for it in msg.items:
-                if it.delta:
-                    worker.commit(it.seq, list(it.delta))
-            t0 = time.perf_counter()
-            specs = worker.jit([it.seq for it in msg.items], max(it.k for it in msg.items))
-            items = [(it.seq, sp.tokens[:it.k], None) for it, sp in zip(msg.items, specs)]
-            _send(conn, wire.JitResult(msg.batch_id, items, time.perf_counter() - t0))
-        elif isinstance(msg, wire.DraftRound):
-            for it in msg.items:
-                if it.delta:
-                    worker.commit(it.seq, list(it.delta))
-            t0 = time.perf_counter()
-            published = worker.speculate([(it.seq, list(it.spec)) for it in msg.items])
-            elapsed = time.perf_counter() - t0
-            for it in msg.items:
-                entries = [wire.CacheEntry(j, t, list(e.tokens), None) for (j, t), e in published[it.seq].items()]
-                _send(conn, wire.CacheEntries(it.seq, it.round, entries, elapsed))
+        batch = []
+        while True:
+            frames = conn.recv_bytes()
+            if frames == b"stop":
+                return
+            if frames == b"batch":
+                break
+            batch.append((b"router", _decode(frames)))
+        handler.handle(batch)
+        conn.send_bytes(b"end")
 
 
 def _send(conn, msg) -> None:
@@ -266,93 +254,66 @@ def _send(conn, msg) -> None:
     conn.send_bytes(head + body)
 
 
-def _recv(conn):
+def _decode(frames: bytes):
     from ssd import wire
-    frames = conn.recv_bytes()
     return wire.decode([frames[:1], frames[1:]])
-
-
-class RemoteDraft:
-    """The parts of DraftWorker the engine calls, forwarded to the draft process (greedy requests only; an
-    ordinary draft, so no target features)."""
-
-    feature_size = 0
-
-    def __init__(self, conn):
-        self.conn, self.delta, self.last_jit_step_s, self.last_speculate_s, self.batches = conn, {}, 0.0, 0.0, 0
-
-    def add(self, seq_id, tokens, params, features=None) -> None:
-        from ssd import wire
-        spec = wire.DraftParamsSpec(params.temperature, params.top_k, params.saguaro_c, params.saguaro_f, params.seed)
-        _send(self.conn, wire.DraftAdd([wire.DraftAddItem(seq_id, list(tokens), spec)]))
-        self.delta[seq_id] = []
-
-    def commit(self, seq_id, new_tokens, features=None) -> None:
-        self.delta[seq_id].extend(new_tokens)
-
-    def free(self, seq_id) -> None:
-        from ssd import wire
-        if self.delta.pop(seq_id, None) is not None:
-            _send(self.conn, wire.Free([seq_id]))
-
-    def jit(self, seq_ids, k):
-        from ssd import wire
-        from ssd.engine.draft import Speculation
-        self.batches += 1
-        _send(self.conn, wire.Jit(self.batches, [wire.JitItem(s, self._take(s), k) for s in seq_ids]))
-        res = _recv(self.conn)
-        self.last_jit_step_s = res.elapsed_s / max(1, k)
-        by_seq = {s: toks for s, toks, _ in res.items}
-        return [Speculation(list(by_seq[s]), None) for s in seq_ids]
-
-    def send_round(self, items: list[tuple[int, int, list[int]]]) -> None:
-        from ssd import wire
-        _send(self.conn, wire.DraftRound([wire.DraftRoundItem(s, r, self._take(s), list(sp)) for s, r, sp in items]))
-
-    def receive_round(self, n: int) -> dict:
-        from ssd.spec.cache import CacheEntry
-        out = {}
-        for _ in range(n):
-            msg = _recv(self.conn)
-            self.last_speculate_s = msg.elapsed_s
-            out[msg.seq] = {(e.accepted, e.token): CacheEntry(tuple(e.tokens), None) for e in msg.entries}
-        return out
-
-    def _take(self, seq_id) -> list[int]:
-        d, self.delta[seq_id] = self.delta[seq_id], []
-        return d
 
 
 def two_process_engine(target: Decoder, draft_cfg: ModelConfig, conn, k: int, max_batch: int, max_len: int,
                        graphs: str = "auto"):
-    from ssd.engine.speculative import SpecConfig, SpeculativeEngine
+    """The in-process engine (the shipped round core) whose draft handle carries its messages to the draft
+    process: the draft speculates while the target verifies, as in the services."""
+    from ssd import wire
+    from ssd.engine.speculative import LocalWorker, SpecConfig, SpeculativeEngine
+
+    class PipeDraft(LocalWorker):
+        def __init__(self, ready):
+            self.role, self.address, self.alive, self.ready = "draft", "draft process", True, ready
+            self.inbox, self.pending, self.handler = [], False, None
+            self.timing = {"rounds": 0, "verify_s": 0.0, "wait_s": 0.0, "draft_s": 0.0}
+            self._sent_at = 0.0
+
+        def deliver(self) -> list:
+            batch, self.inbox = self.inbox, []
+            for msg in batch:
+                _send(conn, msg)
+            if batch:
+                conn.send_bytes(b"batch")
+                self.pending, self._sent_at = True, time.perf_counter()
+            return batch
+
+        def replies(self) -> list:
+            if not self.pending:
+                return []
+            t0, out = time.perf_counter(), []
+            while (frames := conn.recv_bytes()) != b"end":
+                out.append(_decode(frames))
+            self.pending = False
+            t = self.timing
+            rounds = [m for m in out if isinstance(m, wire.CacheEntries)]
+            if rounds:
+                t["rounds"] += 1
+                t["verify_s"] += t0 - self._sent_at            # the target's share while the draft worked
+                t["wait_s"] += time.perf_counter() - t0         # how long the target then waited for the draft
+                t["draft_s"] += rounds[0].elapsed_s
+            return out
 
     class TwoProcessSSD(SpeculativeEngine):
-        """SpeculativeEngine whose draft runs in another process, speculating while the target verifies."""
+        def _draft_handle(self, worker):
+            return PipeDraft(self._ready("draft", worker.max_len, 0, self.spec.fanout))
 
-        timing = {"rounds": 0, "verify_s": 0.0, "wait_s": 0.0, "draft_s": 0.0}
+        @property
+        def timing(self) -> dict:
+            return self.draft_handle.timing
 
-        def _speculate_and_verify(self, batch, items):
-            self.draft.send_round([(it.seq_id, self._rounds[it.seq_id].round + 1, it.tokens) for it in items])
-            t0 = time.perf_counter()
-            outcomes = self.target.verify(items)          # overlaps with the draft's speculate
-            t1 = time.perf_counter()
-            published = self.draft.receive_round(len(items))
-            t = self.timing
-            t["rounds"] += 1
-            t["verify_s"] += t1 - t0
-            t["wait_s"] += time.perf_counter() - t1   # how long the target waited for the draft after verifying
-            t["draft_s"] += self.draft.last_speculate_s
-            for s in batch:
-                self.cache.publish(s.seq_id, self._rounds[s.seq_id].round + 1, published[s.seq_id])
-            return outcomes
+        @timing.setter
+        def timing(self, value: dict) -> None:
+            self.draft_handle.timing = value
 
     with torch.device("meta"):
-        placeholder = Decoder(draft_cfg)   # the engine builds a DraftWorker; it is replaced by the remote one
-    engine = TwoProcessSSD(target, placeholder, SpecConfig(mode="ssd", k=k), max_batch=max_batch, max_len=max_len,
-                           eos_token_ids=(), cuda_graphs=graphs)
-    engine.draft = RemoteDraft(conn)
-    return engine
+        placeholder = Decoder(draft_cfg)   # the engine builds a DraftWorker, unused: the draft process has its own
+    return TwoProcessSSD(target, placeholder, SpecConfig(mode="ssd", k=k), max_batch=max_batch, max_len=max_len,
+                         eos_token_ids=(), cuda_graphs=graphs)
 
 
 def _timed(engine_fn, prompts, params, device) -> tuple[list[list[int]], float, object]:

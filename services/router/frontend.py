@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ssd.params import FinishReason, SamplingParams, finish_reason
 from ssd.engine.stats import SpecStats
 from ssd.tokenizer import Tokenizer
-from services.router.core import RouterCore
+from ssd.round import RoundCore
 
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -102,7 +102,7 @@ class _Output:
 
 
 class Frontend:
-    def __init__(self, core: RouterCore, tok: Tokenizer, limits: Limits | None = None):
+    def __init__(self, core: RoundCore, tok: Tokenizer, limits: Limits | None = None):
         self.core, self.tok, self.limits = core, tok, limits or Limits()
         self.draining = False  # set on SIGTERM: no new requests (the APIs answer UNAVAILABLE / 503)
 

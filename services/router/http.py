@@ -63,7 +63,7 @@ async def _errors(request: web.Request, handler):
         return await handler(request)
     except ApiError as e:
         return web.json_response(error_body(e.message, e.param, e.kind), status=e.status)
-    except ValueError as e:  # Frontend.build / RouterCore.submit: "field: what is wrong"
+    except ValueError as e:  # Frontend.build / RoundCore.submit: "field: what is wrong"
         return web.json_response(error_body(str(e), _param(str(e))), status=400)
     except web.HTTPException as e:
         if e.status < 400:
@@ -274,7 +274,8 @@ class HttpServer:
 
     # ---- endpoints --------------------------------------------------------------------------------
     def _ready(self) -> bool:
-        return self.core.max_len > 0 and self.core.target is not None and self.core.target.ready is not None
+        target = self.core.pool.target
+        return self.core.max_len > 0 and target is not None and target.ready is not None
 
     async def _body(self, request: web.Request) -> dict:
         raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge (413)

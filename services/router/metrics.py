@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from enum import Enum
 
+from ssd.round.metrics import RoundMetrics
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 OUTCOMES = ("stop", "eos", "length", "stop_string", "abort", "time_limit", "error")
@@ -58,7 +59,7 @@ def _non_negative(name: str, value: float) -> None:
         raise ValueError(f"{name} must be >= 0, got {value}")
 
 
-class RouterMetrics:
+class RouterMetrics(RoundMetrics):
     """The router's metric set in its own registry. See the module docstring for the contract."""
 
     def __init__(self, mode_labels: tuple[str, ...] = ("ar", "sd", "ssd")):

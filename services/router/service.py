@@ -1,6 +1,6 @@
 """The router service: the client-facing gRPC `ssd.v1.Generation` API over the router's engine loop.
 
-The servicer is thin: request -> (prompt tokens, SamplingParams) -> `RouterCore.submit` -> stream the events
+The servicer is thin: request -> (prompt tokens, SamplingParams) -> `RoundCore.submit` -> stream the events
 of that request back as `GenerateResponse`s. Invalid requests raise ValueError, which the server's one error
 interceptor turns into INVALID_ARGUMENT with the message. A cancelled stream aborts the request everywhere.
 
@@ -27,7 +27,8 @@ from ssd.pb import generation_pb2 as pb
 from ssd.pb import generation_pb2_grpc as pb_grpc
 from ssd.service_config import bound_host_port, write_bound_file
 from ssd.tokenizer import Tokenizer
-from services.router.core import CoreConfig, RouterCore, StartupError
+from services.router.loop import RouterLoop, StartupError
+from ssd.round import CoreConfig
 from services.router.frontend import Delta, Frontend, Limits
 from services.router.metrics import RouterMetrics
 
@@ -260,10 +261,10 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         return pb.AbortResponse(found=self.core.abort_id(request.request_id))
 
     def GetModelInfo(self, request, context):
-        t = self.core.target.ready if self.core.target is not None else None
+        t = self.core.pool.target.ready if self.core.pool.target is not None else None
         if t is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the router is waiting for its workers; retry shortly")
-        d = self.core.drafts[0].ready if self.core.drafts and self.core.drafts[0].ready else None
+        d = self.core.pool.drafts[0].ready if self.core.pool.drafts and self.core.pool.drafts[0].ready else None
         return pb.ModelInfo(model_id=t.model_id, draft_model_id=d.model_id if d else "",
                             tokenizer_hash=t.tokenizer_hash, vocab_size=t.vocab_size, max_len=self.core.max_len,
                             max_tokens_limit=self.cfg.max_tokens_limit, mode=self.cfg.mode, k=self.core.k,
@@ -278,8 +279,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                                  verify_roundtrip_s=t.verify_roundtrip_s, draft_rounds=t.draft_rounds,
                                  draft_round_s=t.draft_round_s, jit_batches=t.jit_batches, jit_s=t.jit_s)
         return pb.ServerInfo(active_requests=len(core.active), queued_requests=len(core.waiting),
-                             targets=[t.address for t in core.targets if t.alive],
-                             drafts=[d.address for d in core.drafts if d.alive],
+                             targets=[t.address for t in core.pool.targets if t.alive],
+                             drafts=[d.address for d in core.pool.drafts if d.alive],
                              finished_requests=core.finished, totals=totals)
 
 
@@ -331,19 +332,18 @@ def run(cfg: RouterConfig) -> int:
         log.error("%s", e)
         return 2
     static = (list(cfg.targets), list(cfg.drafts)) if discovery is None else ([], [])
+    metrics = RouterMetrics()
     try:
-        core = RouterCore(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
+        loop = RouterLoop(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
                                      cfg.ready_timeout, cfg.adaptive, cfg.probe_every,
                                      verify_inflight=cfg.verify_inflight, jit_linger=cfg.jit_linger,
                                      adaptive_fanout=cfg.adaptive_fanout),
-                          *static, tok.fingerprint, tok.eos_token_ids, discovery=discovery,
+                          *static, tok.fingerprint, tok.eos_token_ids, metrics, discovery=discovery,
                           curve=curve)
     except ValueError as e:   # a setting out of range: say which, exit 2 like any other bad flag
         log.error("%s", e)
         return 2
-    metrics = RouterMetrics()
-    core.metrics = metrics
-    frontend = Frontend(core, tok, Limits(cfg.max_tokens_default, cfg.max_tokens_limit))
+    frontend = Frontend(loop.round, tok, Limits(cfg.max_tokens_default, cfg.max_tokens_limit))
     servicer = GenerationServicer(frontend, cfg, journal)
     server = ControlServer(cfg.grpc_address, None, None,
                            extra=[(pb_grpc.add_GenerationServicer_to_server, servicer, "ssd.v1.Generation")],
@@ -365,25 +365,25 @@ def run(cfg: RouterConfig) -> int:
     write_bound_file(cfg.bound_file, {"grpc_address": bound_host_port(cfg.grpc_address, port),
                                       "http_address": bound_host_port(cfg.http_address, http.port) if http else ""})
     try:
-        core.handshake()
+        loop.handshake()
     except (StartupError, RuntimeError) as e:
         log.error("%s", e)
         if http is not None:
             http.stop()
         server.stop(0)
         return 2
-    loop = threading.Thread(target=core.run, name="router-loop", daemon=True)
-    loop.start()
+    thread = threading.Thread(target=loop.run, name="router-loop", daemon=True)
+    thread.start()
     server.set_serving(True)
     log.info("serving ssd.v1.Generation on port %d (mode %s%s%s)", port, cfg.mode, ", TLS" if tls else "",
              f", {len(keys)} API keys" if keys is not None else "")
-    while not stop.is_set() and loop.is_alive():
+    while not stop.is_set() and thread.is_alive():
         stop.wait(0.2)
     drain(server, frontend, cfg.drain_timeout)
     if http is not None:
         http.stop()
-    core.stop()
-    loop.join(timeout=5)
+    loop.stop()
+    thread.join(timeout=5)
     server.stop(1)
     return 0
 

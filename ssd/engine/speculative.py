@@ -1,47 +1,52 @@
-"""In-process speculative engines: SD (draft K tokens, then verify) and SSD (the speculation cache).
+"""In-process speculative engines (SD and SSD): the round core that the router ships (`ssd.round`), carried over
+function calls to the target and draft handlers that the services run (`ssd.engine.target_handler`,
+`ssd.engine.draft_handler`) instead of over sockets.
 
-Both run the router's logic over a `TargetWorker` and a `DraftWorker` in one process. One `step` is one
-round for every running sequence:
+One `step` delivers what the core sent to each worker and hands the replies back, until one verify round has
+been applied. The draft's messages are delivered before the target's and its replies applied first: in process,
+SSD speculation (published to the cache) runs before the verify it overlaps in the services, so every cache
+entry is on time. Outputs are exactly the target's: greedy outputs equal the AR engine's token for token,
+sampled outputs follow its distribution.
 
-  SD:  draft K tokens now (JIT) -> verify -> commit.
-  SSD: take each sequence's next speculation from the cache (hit) or a backup (miss: jit / ngram / none,
-       chosen per sequence) -> the draft speculates on it for every likely outcome and publishes to the cache
-       (in the services this runs while the target verifies) -> verify -> commit -> look the outcome up.
-
-A feature-reading draft gets the target's features with every commit (prefill's with `add`).
-
-Rounds: prefill is round 0 and its outcome (0, t0) is a forced miss; verification r >= 1 is round r and its
-outcome (j, t*) is looked up under (seq, r, j, t*) for the speculation of round r+1. Outputs are exactly the
-target's: greedy outputs equal the AR engine's token for token, sampled outputs follow its distribution.
+A handle (`LocalWorker`) stands for each worker as the core sees it; a subclass may carry its messages
+elsewhere (bench/gpu_check.py runs the draft handler in a second process).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ssd.engine.draft import DraftWorker, Speculation, draft_params_for
+from ssd import wire
 from ssd.engine.base import Engine
-from ssd.engine.sequence import Sequence
+from ssd.engine.draft import DraftWorker
+from ssd.engine.draft_handler import DraftHandler
+from ssd.engine.sequence import FinishReason, Sequence
 from ssd.engine.stats import SpecStats
-from ssd.engine.target import TargetWorker, VerifyItem
+from ssd.engine.target import TargetWorker
+from ssd.engine.target_handler import TargetHandler
 from ssd.models.decoder import Decoder
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE
-from ssd.params import speculation_room
+from ssd.round import CoreConfig, RoundCore, WorkerPool
 from ssd.sampling import SamplingParams
-from ssd.spec.backup import BackupPolicy, BackupTimings, choose_backup
-from ssd.spec.cache import LookupReason, SpeculationCache
+from ssd.spec.backup import BackupPolicy
 from ssd.spec.fanout import uniform_fanout
-from ssd.spec.ngram import ngram_propose
+
+PEER = b"local"      # the handlers key sequences by (peer, seq): in process there is one peer
+TOKENIZER = "local"  # the core checks every worker serves one tokenizer; in process they share the model's
+MAX_PASSES = 64      # deliveries in one step before it gives up on reaching a verify (a stuck round is a bug)
 
 
 @dataclass(slots=True)
 class SpecConfig:
     mode: str = "ssd"                 # "sd" or "ssd"
-    k: int = 3                        # drafted tokens per round
+    k: int = 3                        # drafted tokens per round (with `adaptive`, the most)
     fanout: tuple[int, ...] | None = None  # F_0..F_K; default: uniform over `budget`
     budget: int | None = None         # total forks per sequence and round; default 2 (K + 1)
     backup: BackupPolicy = BackupPolicy.JIT
     draft_top_k: int = 32             # sampling: the draft's q is truncated to its top-k (sparse on the wire)
     saguaro_c: float = 1.0
+    adaptive: bool = False            # K per round from measurements, as the router does (False: always `k`)
+    adaptive_fanout: bool = False     # each round's fan-out from measured acceptance, as the router does
+    jit_linger: float = 0.05          # see ssd.round.batches
 
     def __post_init__(self):
         if self.mode not in ("sd", "ssd"):
@@ -55,12 +60,64 @@ class SpecConfig:
         if len(self.fanout) != self.k + 1:
             raise ValueError(f"fanout needs K+1 = {self.k + 1} entries, got {self.fanout}")
 
+    def core_config(self, max_batch: int) -> CoreConfig:
+        return CoreConfig(mode=self.mode, backup=self.backup.value, max_batch=max_batch,
+                          draft_top_k=self.draft_top_k, saguaro_c=self.saguaro_c, adaptive=self.adaptive,
+                          adaptive_fanout=self.adaptive_fanout, jit_linger=self.jit_linger)
 
-@dataclass(slots=True)
-class _Round:
-    spec: Speculation | None = None   # the speculation to verify next (None: a backup is needed)
-    round: int = 0
-    kind: str = "cache"               # where `spec` came from: cache, jit, ngram, none
+
+class _Replies:
+    """The handler's endpoint: what it answers is kept for the core."""
+
+    def __init__(self):
+        self.messages: list = []
+
+    def send(self, peer: bytes, msg) -> None:
+        self.messages.append(msg)
+
+
+class LocalWorker:
+    """A worker handle for the core: `send` queues a message; `deliver` hands the queue to the handler, whose
+    replies `replies` returns."""
+
+    def __init__(self, role: str, handler_cls, worker, ready: wire.Ready):
+        self.role, self.address, self.alive, self.ready = role, f"in-process {role}", True, ready
+        self._replies = _Replies()
+        self.handler = handler_cls(worker, self._replies)
+        self.inbox: list = []
+
+    def send(self, msg) -> bool:
+        self.inbox.append(msg)
+        return True
+
+    def deliver(self) -> list:
+        """Run what was sent; returns the messages delivered."""
+        batch, self.inbox = self.inbox, []
+        if batch:
+            self.handler.handle([(PEER, m) for m in batch])
+        return batch
+
+    def replies(self) -> list:
+        out, self._replies.messages = self._replies.messages, []
+        return out
+
+
+class _Events:
+    """A request's event queue that writes into its Sequence."""
+
+    def __init__(self, seq: Sequence):
+        self.seq = seq
+        self.error: str | None = None
+
+    def put(self, event) -> None:
+        kind, value = event
+        if kind == "tokens":
+            self.seq.output.extend(value)
+        elif kind == "done":
+            self.seq.finish_reason = value
+        else:
+            self.error = value
+            self.seq.finish_reason = FinishReason.ERROR
 
 
 class SpeculativeEngine(Engine):
@@ -73,136 +130,105 @@ class SpeculativeEngine(Engine):
         if draft.cfg.vocab_size != cfg.vocab_size:
             raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's ({cfg.vocab_size})")
         self.max_len = min(max_len or 2048, cfg.max_position_embeddings, draft.cfg.max_position_embeddings)
-        self.eos_token_ids = frozenset(cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.vocab_size = cfg.vocab_size
-        self.target = TargetWorker(target, max_batch, self.max_len, kv_tokens, block_size, prefix_caching,
-                                   cuda_graphs)
-        self.draft = DraftWorker(draft, max_batch, self.max_len, self.spec.k, list(self.spec.fanout), kv_tokens,
-                                 block_size, prefix_caching, cuda_graphs)
-        self.cache = SpeculationCache()
-        self.timings = BackupTimings(k=self.spec.k)
-        self.stats = SpecStats()
-        self._rounds: dict[int, _Round] = {}
+        t_worker = TargetWorker(target, max_batch, self.max_len, kv_tokens, block_size, prefix_caching, cuda_graphs)
+        d_worker = DraftWorker(draft, max_batch, self.max_len, self.spec.k, list(self.spec.fanout), kv_tokens,
+                               block_size, prefix_caching, cuda_graphs)
+        self.target_handle = LocalWorker("target", TargetHandler, t_worker,
+                                         self._ready("target", t_worker.max_len, cfg.hidden_size))
+        self.draft_handle = self._draft_handle(d_worker)
+        pool = WorkerPool([self.target_handle], [self.draft_handle], TOKENIZER)
+        eos = cfg.eos_token_ids if eos_token_ids is None else eos_token_ids
+        self.core = RoundCore(self.spec.core_config(max_batch), pool, eos)
+        self.core.start()
+        self._requests: dict[int, tuple[Sequence, object, _Events]] = {}   # Sequence.seq_id -> (seq, req, events)
 
+    def _ready(self, role: str, max_len: int, feature_size: int, fanout=()) -> wire.Ready:
+        return wire.Ready(role, role, TOKENIZER, self.vocab_size, max_len, self.spec.k if role == "draft" else 0,
+                          list(fanout), feature_size)
+
+    def _draft_handle(self, worker: DraftWorker) -> LocalWorker:
+        return LocalWorker("draft", DraftHandler, worker,
+                           self._ready("draft", worker.max_len, worker.feature_size, self.spec.fanout))
+
+    # ---- the workers, the cache and the figures, as tests and benchmarks read them --------------
+    @property
+    def target(self) -> TargetWorker:
+        return self.target_handle.handler.worker
+
+    @property
+    def draft(self) -> DraftWorker:
+        return self.draft_handle.handler.worker
+
+    @property
+    def cache(self):
+        return self.core.cache
+
+    @property
+    def timings(self):
+        return self.core.timings
+
+    @property
+    def stats(self) -> SpecStats:
+        return self.core.stats
+
+    @stats.setter
+    def stats(self, value: SpecStats) -> None:
+        self.core.stats = value
+
+    # ---- requests -------------------------------------------------------------------------------
     def add_request(self, prompt: list[int], params: SamplingParams | None = None) -> Sequence:
         seq = super().add_request(prompt, params)
-        seq.stats = SpecStats()
+        self.waiting.remove(seq)   # the core holds the queue
+        events = _Events(seq)
+        pinned = 0 if self.spec.adaptive else self.spec.k
+        req = self.core.submit(str(seq.seq_id), seq.prompt, seq.params, self.spec.mode, pinned, events=events)
+        seq.stats = req.stats
+        self._requests[seq.seq_id] = (seq, req, events)
         return seq
 
+    def has_unfinished(self) -> bool:
+        return any(not seq.finished for seq, _, _ in self._requests.values())
+
+    def abort(self, seq: Sequence) -> None:
+        entry = self._requests.get(seq.seq_id)
+        if entry is not None and not seq.finished:
+            self.core.abort(entry[1])
+            self.core.take_new()
+            self._flush()
+
     def step(self) -> list[Sequence]:
-        admitted = self._admit()
-        batch = [s for s in self.running if s not in admitted]
-        if not batch:
-            return admitted
-        self._fill_backups(batch)
-        items = [VerifyItem(s.seq_id, self._rounds[s.seq_id].spec.tokens, self._rounds[s.seq_id].spec.proposal)
-                 for s in batch]
-        outcomes = self._speculate_and_verify(batch, items)
-        self.timings.observe_verify(len(batch), self.target.last_verify_s)
-        for s, it, out in zip(batch, items, outcomes):
-            st = self._rounds[s.seq_id]
-            st.round += 1
-            new = it.tokens[:out.accepted] + [out.token]
-            s.stats.record_round(len(it.tokens), out.accepted, self._commit(s, new))
-            if st.kind in ("jit", "ngram") and it.tokens:
-                self.timings.observe_acceptance(BackupPolicy(st.kind), out.accepted, len(it.tokens))
-            if s.finished:
-                self._finish(s)
-                continue
-            self.draft.commit(s.seq_id, new, self.target.last_features.get(s.seq_id))
-            self._next_from_cache(s, st, out.accepted, out.token)
-        return admitted + batch
-
-    def _speculate_and_verify(self, batch: list[Sequence], items: list[VerifyItem]) -> list:
-        """The round's two halves: ssd speculation for the next round (published to the cache), then the verify.
-        In process they run one after the other; an engine with a remote draft overlaps them."""
-        if self.spec.mode == "ssd":
-            published = self.draft.speculate([(it.seq_id, it.tokens) for it in items])
-            for s in batch:
-                self.cache.publish(s.seq_id, self._rounds[s.seq_id].round + 1, published[s.seq_id])
-        return self.target.verify(items, features=self.draft.feature_size > 0)
-
-    def _admit(self) -> list[Sequence]:
-        new = [self.waiting.popleft() for _ in range(min(len(self.waiting), self.target.free_slots))]
-        if not new:
-            return []
-        firsts = self.target.prefill([(s.seq_id, s.prompt, s.params) for s in new],
-                                     features=self.draft.feature_size > 0)
-        for s, t0 in zip(new, firsts):
-            self.running.append(s)
-            self._rounds[s.seq_id] = _Round()
-            self.cache.start_sequence(s.seq_id, first_round=0)
-            self._commit(s, [t0])
-            if s.finished:
-                self._finish(s)
-                continue
-            dp = draft_params_for(s.params, self.spec.draft_top_k, self.spec.saguaro_c, self.spec.fanout[0])
-            self.draft.add(s.seq_id, s.prompt + s.output, dp, self.target.last_features.get(s.seq_id))
-            self._next_from_cache(s, self._rounds[s.seq_id], 0, t0)
-        return new
-
-    def _commit(self, s: Sequence, tokens: list[int]) -> int:
-        """Append tokens until the sequence finishes; returns how many were committed."""
-        n = 0
-        for t in tokens:
-            s.append(t, self.eos_token_ids, self.max_len)
-            n += 1
-            if s.finished:
+        """Deliver and apply until one verify round has been applied (or nothing moves); returns the sequences
+        that got tokens."""
+        before = {sid: len(s.output) for sid, (s, _, _) in self._requests.items()}
+        self.core.step()
+        for _ in range(MAX_PASSES):
+            moved, verified = self._flush()
+            if not moved or verified:
                 break
-        return n
+            self.core.dispatch()
+        else:
+            raise RuntimeError(f"no verify round after {MAX_PASSES} deliveries: the round is stuck")
+        self._raise_errors()
+        stepped = [s for sid, (s, _, _) in self._requests.items() if len(s.output) > before.get(sid, 0)]
+        for sid in [sid for sid, (s, _, _) in self._requests.items() if s.finished]:
+            del self._requests[sid]
+        return stepped
 
-    def _room(self, s: Sequence) -> int:
-        """The most tokens a speculation may hold: never past max_len nor far past max_tokens."""
-        return speculation_room(self.spec.k, s.params, len(s.output), s.num_tokens, self.max_len)
+    def _flush(self) -> tuple[bool, bool]:
+        """Deliver every queued message, draft first, and apply the replies, the draft's first."""
+        handles = [self.draft_handle, self.target_handle]
+        delivered = [h.deliver() for h in handles]
+        for h in handles:
+            for msg in h.replies():
+                self.core.on_message(h, msg)
+        verified = any(isinstance(m, wire.Verify) for m in delivered[1])
+        return any(delivered), verified
 
-    def _next_from_cache(self, s: Sequence, st: _Round, j: int, t: int) -> None:
-        st.spec, st.kind = None, "cache"
-        if self.spec.mode != "ssd":
-            return
-        entry, reason = self.cache.lookup(s.seq_id, st.round, j, t)
-        self.cache.advance(s.seq_id, st.round + 1)
-        s.stats.count("cache", reason.value)
-        if reason is LookupReason.HIT:
-            room = self._room(s)
-            proposal = None if entry.proposal is None else [(list(i), list(p)) for i, p in entry.proposal[:room]]
-            st.spec = Speculation(list(entry.tokens[:room]), proposal)
+    def _raise_errors(self) -> None:
+        for seq, _, events in self._requests.values():
+            if events.error is not None:
+                raise RuntimeError(f"request {seq.seq_id} failed: {events.error}")
 
-    def _fill_backups(self, batch: list[Sequence]) -> None:
-        need = [s for s in batch if self._rounds[s.seq_id].spec is None]
-        if not need:
-            return
-        policy = BackupPolicy.JIT if self.spec.mode == "sd" else self.spec.backup
-        jit = []
-        for s in need:
-            st = self._rounds[s.seq_id]
-            kind = choose_backup(policy, len(batch), self.timings)
-            room = self._room(s)
-            if kind is BackupPolicy.NGRAM:
-                tokens = ngram_propose(s.prompt + s.output, room)
-                kind = BackupPolicy.NGRAM if tokens else BackupPolicy.NONE
-                proposal = None if s.params.greedy else [([t], [1.0]) for t in tokens]
-                st.spec = Speculation(tokens, proposal)
-            elif kind is BackupPolicy.NONE or room == 0:
-                kind = BackupPolicy.NONE
-                st.spec = Speculation([], None if s.params.greedy else [])
-            else:
-                jit.append(s)
-            st.kind = kind.value
-            s.stats.count("backups", kind.value)
-        if jit:
-            rooms = [self._room(s) for s in jit]
-            specs = self.draft.jit([s.seq_id for s in jit], max(rooms))
-            self.timings.observe_draft_step(len(jit), self.draft.last_jit_step_s)
-            for s, sp, room in zip(jit, specs, rooms):
-                proposal = None if sp.proposal is None else sp.proposal[:room]
-                self._rounds[s.seq_id].spec = Speculation(sp.tokens[:room], proposal)
-
-    def _finish(self, s: Sequence) -> None:
-        if s in self.running:
-            self.running.remove(s)
-        self.target.free(s.seq_id)
-        self.draft.free(s.seq_id)
-        if s.seq_id in self.cache:
-            self.cache.end_sequence(s.seq_id)
-        self._rounds.pop(s.seq_id, None)
-        self.stats.merge(s.stats)
+    def _finish(self, seq: Sequence) -> None:
+        self.abort(seq)

@@ -6,7 +6,7 @@ of its endpoint is `send(peer, message)` (`ssd/engine/handler.py`).
 Sequences are keyed by (router peer, sequence id), so several routers can share one target. Verify messages
 that arrive together are merged into one forward (continuous batching: new sequences join between rounds).
 A bad item gets an `Error` naming its sequence; the rest of its batch runs. Every `Verify` gets its `Outcomes`,
-empty when none of its items could run (a router holds its next batch until the answer: services/router/core.py).
+empty when none of its items could run (a router holds its next batch until the answer: ssd/round/batches.py).
 
 A `Prefill` or `Verify` with `features` set is answered with the features that call computed for each of its
 sequences (the final pre-norm hidden states, float16): `Prefilled.features` and `Outcomes.features`. Verify

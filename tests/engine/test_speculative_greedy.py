@@ -40,6 +40,16 @@ def test_twenty_prompts_128_tokens_equal_ar(pair, reference, mode):
     assert engine.stats.rounds > 0
 
 
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_the_routers_adaptive_k_and_fan_out_keep_output_equal_to_ar(pair, reference, mode):
+    """The round core's adaptive K (per batch from measured costs, with probe and explore rounds at other K) and,
+    in ssd, its online fan-out, as the router runs them: K varies between rounds, the tokens do not."""
+    outputs, engine = run(pair, SpecConfig(mode=mode, k=3, adaptive=True, adaptive_fanout=mode == "ssd"), 6, 48)
+    assert outputs == [r[:48] for r in reference[:6]]
+    assert engine.stats.rounds > 0 and sum(engine.stats.accepted) > 0
+    assert engine.core.planner.adaptive, "the adaptive policy did not run"
+
+
 MATRIX = [(k, backup, fan) for k in (1, 3, 5) for backup in ("jit", "ngram", "none", "auto")
           for fan in ("uniform", "geometric")]
 CI_MATRIX = [(1, "jit", "uniform"), (1, "ngram", "uniform"), (1, "none", "uniform"), (3, "jit", "uniform"),

@@ -26,10 +26,12 @@ K = 3
 
 
 class FakeCore:
-    """RouterCore's surface for Frontend, with its submit checks; streams token 42 at once."""
+    """The round core's surface for Frontend (ssd.round.RoundCore), with its submit checks; streams token 42 at
+    once."""
 
     def __init__(self, tok: Tokenizer):
-        self.target = SimpleNamespace(ready=SimpleNamespace(model_id=MODEL, vocab_size=tok.vocab_size))
+        self.pool = SimpleNamespace(target=SimpleNamespace(ready=SimpleNamespace(model_id=MODEL,
+                                                                                 vocab_size=tok.vocab_size)))
         self.max_len, self.vocab_size, self.k, self.eos = 2048, tok.vocab_size, K, frozenset(tok.eos_token_ids)
 
     def submit(self, rid, prompt, params, mode="", k=0, deadline=None, events=None, replace=False):

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP API, in process: a real Frontend and tokenizer over a fake engine core.
 
-The fake core streams a fixed text's tokens in chunks of three from a thread, as `RouterCore` does, so these
+The fake core streams a fixed text's tokens in chunks of three from a thread, as the round core does, so these
 tests need no workers. Clients: the official `openai` package, and plain HTTP for the wire details.
 """
 from __future__ import annotations
@@ -40,11 +40,12 @@ class FakeRequest:
 
 
 class FakeCore:
-    """What Frontend needs of RouterCore: target.ready, vocab_size, max_len, submit, abort."""
+    """What Frontend and the HTTP server need of the round core (ssd.round.RoundCore): pool.target.ready,
+    vocab_size, max_len, submit, abort."""
 
     def __init__(self, tok: Tokenizer, ready: bool = True):
-        self.target = SimpleNamespace(ready=SimpleNamespace(model_id=MODEL, vocab_size=tok.vocab_size)
-                                      if ready else None)
+        self.pool = SimpleNamespace(target=SimpleNamespace(
+            ready=SimpleNamespace(model_id=MODEL, vocab_size=tok.vocab_size) if ready else None))
         self.max_len = 8192 if ready else 0
         self.vocab_size = tok.vocab_size if ready else 0
         self.tokens = tok.encode(TEXT * 400)

@@ -1,34 +1,29 @@
-"""The target's features reach a feature-reading draft: target -> router -> draft over the data plane.
+"""The target's features reach a feature-reading draft: target -> round core -> draft.
 
-In process: the router's merge rule and per-sequence pending features (no workers: messages are handed to
-it), the target and draft handlers behind a fake endpoint, the tensor-parallel leader mirroring the features
-flag. Real processes: the shared stack, whose draft is the distilled feature draft: greedy output equals
-in-process AR with drafts accepted, sampled requests complete (their distribution: test_stack_sampling.py), and
-the router forwarded the target's feature rows to the draft.
+In process: the merge rule and the per-sequence pending features of the round core (ssd/round/features.py; no
+workers: replies are handed to the core and what it sends is recorded, tests/round/fakes.py), the target and
+draft handlers behind a fake endpoint, the tensor-parallel leader mirroring the features flag. Through real
+processes (the shared stack, whose draft is the distilled feature draft): tests/services/test_feature_stack.py.
 """
-import urllib.request
-
 import numpy as np
 import pytest
 import torch
 
 from ssd import tp_wire, wire
-from ssd.client import Client
 from ssd.engine.draft import DraftWorker
 from ssd.engine.draft_handler import DraftHandler
 from ssd.engine.features import from_wire
 from ssd.engine.target import VerifyItem
 from ssd.engine.target_handler import TargetHandler
+from ssd.engine.target_tp import MirroredTarget, build_target, follow
 from ssd.models.loader import load_model
 from ssd.params import SamplingParams
-from ssd.engine.target_tp import MirroredTarget, build_target, follow
-from services.router import features
-from services.router.core import CoreConfig, Phase, RouterCore
+from ssd.round import CoreConfig, Phase, features
+from tests.round.fakes import Rig, ready
 
 PEER = b"router-a"
 GREEDY = wire.SamplingSpec(0.0, 0, 1.0, 0.0, None)
 DRAFT_GREEDY = wire.DraftParamsSpec(0.0, 0, 1.0, 0, None)
-N_PROMPTS, N_TOKENS = 4, 32
 
 
 class FakeEndpoint:
@@ -49,12 +44,7 @@ def halves(rows: int, dim: int, seed: int = 0) -> bytes:
     return np.random.default_rng(seed).standard_normal((rows, dim)).astype("<f2").tobytes()
 
 
-def feature_rows_total(metrics_text: str) -> float:
-    return float(next(line.split()[-1] for line in metrics_text.splitlines()
-                      if line.startswith("ssd_feature_rows_total ")))
-
-
-# ---- the router's merge rule -----------------------------------------------------------------------------------
+# ---- the merge rule -----------------------------------------------------------------------------------------------
 
 def test_merge_joins_touching_and_overlapping_blocks_the_newer_rows_winning():
     row = 2   # one float16 per row
@@ -82,122 +72,111 @@ def test_runs_split_items_so_each_message_keeps_its_features_within_the_limit():
     assert list(features.runs([])) == []
 
 
-# ---- the router core (no workers: messages are handed to it and what it sends is recorded) ---------------------
-
-def ready(role: str, feature_size: int) -> wire.Ready:
-    return wire.Ready(role, "m", "h", 100, 256, 3, [2, 1, 1, 1] if role == "draft" else [], feature_size)
-
+# ---- the round core (no workers: replies are handed to it and what it sends is recorded) -----------------------
 
 @pytest.fixture
-def core(caplog):
-    """A router over one target (hidden size 4) and two drafts: one reads features of 4, one of 8."""
-    core = RouterCore(CoreConfig(adaptive=False), ["tcp://127.0.0.1:9"], ["tcp://127.0.0.1:10", "tcp://127.0.0.1:11"],
-                      "h", [2])
-    core.sent = []
-    for peer, r in zip([*core.targets, *core.drafts], [ready("target", 4), ready("draft", 4), ready("draft", 8)]):
-        peer.ready, peer.alive = r, True
-        peer.send = lambda msg, peer=peer: core.sent.append((peer, msg)) or True
-    core.handshake()
-    yield core
-    core._shutdown()
+def rig(caplog):
+    """ssd over one target (hidden size 4) and two drafts: one reads features of 4, one of 8."""
+    rig = Rig(CoreConfig(adaptive=False), targets=[ready("target", 4)], drafts=[ready("draft", 4), ready("draft", 8)])
+    yield rig
+    rig.core.shutdown("the test is over")
 
 
-def admit(core, mode="ssd"):
-    req = core.submit(f"r{mode}{len(core.active)}", [5, 6, 7], SamplingParams(max_tokens=40), mode=mode)
-    core._take_new()
+def admit(rig, mode="ssd"):
+    req = rig.core.submit(f"r{mode}{len(rig.core.active)}", [5, 6, 7], SamplingParams(max_tokens=40), mode=mode)
+    rig.core.take_new()
     return req
 
 
-def sent(core, cls) -> list:
-    out = [(p, m) for p, m in core.sent if isinstance(m, cls)]
-    core.sent = [(p, m) for p, m in core.sent if not isinstance(m, cls)]
-    return out
-
-
-def test_router_sends_each_block_once_with_the_next_draft_message(core, caplog):
-    fd, other = core.drafts
+def test_core_sends_each_block_once_with_the_next_draft_message(rig, caplog):
+    core = rig.core
+    fd, other = rig.drafts
     setup_log = " ".join(r.getMessage() for r in caplog.get_records("setup"))
-    assert core.hidden_size == 4 and "reads features of size 8, but the targets' hidden size is 4" in setup_log
-    req = admit(core)
-    (_, prefill), = sent(core, wire.Prefill)
+    assert core.pool.hidden_size == 4 and "reads features of size 8, but the targets' hidden size is 4" in setup_log
+    req = admit(rig)
+    (_, prefill), = rig.take_sent(wire.Prefill)
     assert prefill.features   # no draft yet, and one in the pool reads features
     row = 8   # bytes per row: 4 float16
-    core._on_target(core.targets[0], wire.Prefilled([(req.seq, 9)], 0.1, [(req.seq, 0, b"p" * 3 * row)]))
-    (peer, add), = sent(core, wire.DraftAdd)
+    core.on_message(rig.target, wire.Prefilled([(req.seq, 9)], 0.1, [(req.seq, 0, b"p" * 3 * row)]))
+    (peer, add), = rig.take_sent(wire.DraftAdd)
     assert peer is fd and add.items[0].tokens == [5, 6, 7, 9] and add.items[0].features == (0, b"p" * 3 * row)
-    assert req.seq not in core._features
-    core._dispatch()                       # the first round's JIT (a cache miss)
-    (_, jit), = sent(core, wire.Jit)
+    assert req.seq not in core.features.pending
+    core.dispatch()                        # the first round's JIT (a cache miss)
+    (_, jit), = rig.take_sent(wire.Jit)
     assert jit.items[0].features is None   # nothing new since the add
-    core._on_draft(fd, wire.JitResult(jit.batch_id, [(req.seq, [1, 2, 3], None)], 0.01))
-    core._dispatch()
-    (_, verify), = sent(core, wire.Verify)
-    assert verify.features and sent(core, wire.DraftRound)[0][1].items[0].features is None
+    core.on_message(fd, wire.JitResult(jit.batch_id, [(req.seq, [1, 2, 3], None)], 0.01))
+    core.dispatch()
+    (_, verify), = rig.take_sent(wire.Verify)
+    assert verify.features and rig.take(wire.DraftRound)[0].items[0].features is None
     # the outcome's block (positions 3..4) waits for the next message to the draft: here the next round's
-    core._on_target(core.targets[0], wire.Outcomes(verify.batch_id, [wire.Outcome(req.seq, 1, 4)], 0.1,
-                                                   [(req.seq, 3, b"v" * 2 * row)]))
-    assert core._features[req.seq] == (3, b"v" * 2 * row)
-    core._dispatch()
-    jit_or_round = sent(core, wire.Jit) + sent(core, wire.DraftRound)
-    assert [m.items[0].features for _, m in jit_or_round] == [(3, b"v" * 2 * row)]
-    assert req.seq not in core._features
-    assert feature_rows_total(core.metrics.render()[0].decode()) == 5
+    core.on_message(rig.target, wire.Outcomes(verify.batch_id, [wire.Outcome(req.seq, 1, 4)], 0.1,
+                                              [(req.seq, 3, b"v" * 2 * row)]))
+    assert core.features.pending[req.seq] == (3, b"v" * 2 * row)
+    core.dispatch()
+    jit_or_round = rig.take(wire.Jit) + rig.take(wire.DraftRound)
+    assert [m.items[0].features for m in jit_or_round] == [(3, b"v" * 2 * row)]
+    assert req.seq not in core.features.pending
+    assert rig.metrics.feature_rows_sent == 5
 
 
-def test_router_rebuilds_a_draft_with_the_pending_features(core):
-    fd, _ = core.drafts
-    req = admit(core)
-    sent(core, wire.Prefill)
-    core._on_target(core.targets[0], wire.Prefilled([(req.seq, 9)], 0.1, [(req.seq, 0, b"p" * 24)]))
-    sent(core, wire.DraftAdd)
+def test_core_rebuilds_a_draft_with_the_pending_features(rig):
+    core = rig.core
+    fd, _ = rig.drafts
+    req = admit(rig)
+    rig.take(wire.Prefill)
+    core.on_message(rig.target, wire.Prefilled([(req.seq, 9)], 0.1, [(req.seq, 0, b"p" * 24)]))
+    rig.take(wire.DraftAdd)
     req.phase = Phase.VERIFY   # as if a round were out; its outcome arrives while the draft is away
-    req.verify_batch = 77
-    core._on_target(core.targets[0], wire.Outcomes(77, [wire.Outcome(req.seq, 0, 4)], 0.1, [(req.seq, 3, b"a" * 8)]))
-    core._on_draft(fd, wire.Error("unknown_sequence", "restarted", req.seq))   # the draft lost it: re-add
-    (_, add), = sent(core, wire.DraftAdd)
-    assert add.items[0].tokens == [5, 6, 7, 9, 4] and add.items[0].features == (3, b"a" * 8)
+    req.round.verify_batch = 77
+    core.on_message(rig.target, wire.Outcomes(77, [wire.Outcome(req.seq, 0, 4)], 0.1, [(req.seq, 3, b"a" * 8)]))
+    core.on_message(fd, wire.Error("unknown_sequence", "restarted", req.seq))   # the draft lost it: re-add
+    (peer, add), = rig.take_sent(wire.DraftAdd)
+    assert peer is fd and add.items[0].tokens == [5, 6, 7, 9, 4] and add.items[0].features == (3, b"a" * 8)
 
 
-def test_a_failed_draft_batch_rebuilds_its_sequences_and_backs_up_the_waiting_ones(core):
-    fd, _ = core.drafts
-    req = admit(core)
-    sent(core, wire.Prefill)
-    core._on_target(core.targets[0], wire.Prefilled([(req.seq, 9)], 0.1, []))
-    sent(core, wire.DraftAdd)
-    core._dispatch()
-    (_, jit), = sent(core, wire.Jit)
+def test_a_failed_draft_batch_rebuilds_its_sequences_and_backs_up_the_waiting_ones(rig):
+    core = rig.core
+    fd, _ = rig.drafts
+    req = admit(rig)
+    rig.take(wire.Prefill)
+    core.on_message(rig.target, wire.Prefilled([(req.seq, 9)], 0.1, []))
+    rig.take(wire.DraftAdd)
+    core.dispatch()
+    (jit,) = rig.take(wire.Jit)
     assert req.phase is Phase.JIT
-    core._on_draft(fd, wire.Error("internal", "RuntimeError: boom", None))   # the JitResult will never come
-    (_, add), = sent(core, wire.DraftAdd)
-    assert add.items[0].seq == req.seq and add.items[0].tokens == [5, 6, 7, 9]
+    core.on_message(fd, wire.Error("internal", "RuntimeError: boom", None))   # the JitResult will never come
+    (peer, add), = rig.take_sent(wire.DraftAdd)
+    assert peer is fd and add.items[0].seq == req.seq and add.items[0].tokens == [5, 6, 7, 9]
     assert req.phase is not Phase.JIT   # an n-gram (or empty) backup instead of waiting forever
-    core._dispatch()
-    assert sent(core, wire.Verify)
+    core.dispatch()
+    assert rig.take(wire.Verify)
 
 
-def test_router_asks_no_features_for_ordinary_drafts_and_ar(core):
-    fd, other = core.drafts
-    core._load[fd] = 5                      # the next sequence goes to the draft whose feature size is wrong
-    req = admit(core)
-    sent(core, wire.Prefill)
-    core._on_target(core.targets[0], wire.Prefilled([(req.seq, 9)], 0.1, [(req.seq, 0, b"p" * 24)]))
-    (peer, add), = sent(core, wire.DraftAdd)
-    assert peer is other and add.items[0].features is None and req.seq not in core._features
+def test_core_asks_no_features_for_ordinary_drafts_and_ar(rig):
+    core = rig.core
+    fd, other = rig.drafts
+    core.pool.load[fd] = 5                  # the next sequence goes to the draft whose feature size is wrong
+    req = admit(rig)
+    rig.take(wire.Prefill)
+    core.on_message(rig.target, wire.Prefilled([(req.seq, 9)], 0.1, [(req.seq, 0, b"p" * 24)]))
+    (peer, add), = rig.take_sent(wire.DraftAdd)
+    assert peer is other and add.items[0].features is None and req.seq not in core.features.pending
     req.phase = Phase.READY
-    core._dispatch()
-    assert not sent(core, wire.Verify)[0][1].features
-    ar = admit(core, mode="ar")
-    assert not sent(core, wire.Prefill)[0][1].features
-    core._on_target(core.targets[0], wire.Prefilled([(ar.seq, 9)], 0.1, [(ar.seq, 0, b"p" * 24)]))
-    assert ar.seq not in core._features and not sent(core, wire.DraftAdd)
+    core.dispatch()
+    assert not rig.take(wire.Verify)[0].features
+    ar = admit(rig, mode="ar")
+    assert not rig.take(wire.Prefill)[0].features
+    core.on_message(rig.target, wire.Prefilled([(ar.seq, 9)], 0.1, [(ar.seq, 0, b"p" * 24)]))
+    assert ar.seq not in core.features.pending and not rig.take(wire.DraftAdd)
 
 
-def test_router_drops_blocks_that_are_not_whole_rows(core, caplog):
-    req = admit(core)
-    sent(core, wire.Prefill)
-    core._on_target(core.targets[0], wire.Prefilled([(req.seq, 9)], 0.1, [(req.seq, 0, b"p" * 10)]))
+def test_core_drops_blocks_that_are_not_whole_rows(rig, caplog):
+    core = rig.core
+    req = admit(rig)
+    rig.take(wire.Prefill)
+    core.on_message(rig.target, wire.Prefilled([(req.seq, 9)], 0.1, [(req.seq, 0, b"p" * 10)]))
     assert "sent 10 feature bytes" in caplog.text
-    assert sent(core, wire.DraftAdd)[0][1].items[0].features is None
+    assert rig.take(wire.DraftAdd)[0].items[0].features is None
 
 
 # ---- the workers' handlers (real models, fake endpoints) ------------------------------------------------------
@@ -317,32 +296,3 @@ def test_tensor_parallel_leader_and_followers_make_the_same_calls_features_inclu
     follow(follower, channel)
     assert follower.calls == leader.calls == [("prefill", [(PEER, 1)], True), ("verify", [(PEER, 1)], True),
                                               ("verify", [(PEER, 1)], False)]
-
-
-# ---- a real stack -----------------------------------------------------------------------------------------------
-
-def feature_rows_forwarded(stack) -> float:
-    with urllib.request.urlopen(f"http://{stack.http_address}/metrics", timeout=30) as response:
-        return feature_rows_total(response.read().decode())
-
-
-def test_a_feature_draft_through_the_stack_keeps_output_exact(stack, chat_prompts, ar_reference, assert_speculated):
-    """On the shared stack (tests/services/conftest.py), whose draft is the product's distilled feature draft."""
-    before = feature_rows_forwarded(stack)
-    with Client(stack.grpc_address, timeout=600) as client:
-        for mode in ("ssd", "sd"):
-            results = [client.generate(p, max_tokens=N_TOKENS, ignore_eos=True, mode=mode)
-                       for p in chat_prompts[:N_PROMPTS]]
-            assert [r.token_ids for r in results] == ar_reference[:N_PROMPTS], mode
-            assert_speculated(results, mode)
-        rows = feature_rows_forwarded(stack) - before
-        # every prompt position and every committed position but the last of each request, at most
-        assert 0 < rows <= 2 * sum(len(p) + N_TOKENS for p in chat_prompts[:N_PROMPTS])
-        sampled = [client.generate(p, max_tokens=N_TOKENS, ignore_eos=True, mode="ssd", temperature=0.8, seed=i)
-                   for i, p in enumerate(chat_prompts[:2])]
-        assert [len(r.token_ids) for r in sampled] == [N_TOKENS, N_TOKENS]
-        assert feature_rows_forwarded(stack) - before > rows
-    draft_log = (stack.logs / "draft0.log").read_text()
-    assert "features ignored" not in draft_log and "Traceback" not in draft_log
-    router_log = (stack.logs / "router.log").read_text()
-    assert "feature bytes" not in router_log and "reads features of size" not in router_log

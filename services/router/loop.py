@@ -1,0 +1,136 @@
+"""The router's loop: the shell that carries the round core (`ssd.round`) over ZeroMQ. No torch, no algorithm.
+
+One thread owns the sockets and drives the core; gRPC and HTTP handler threads meet it only at the core's
+queues (`submit`/`abort` in, per-request event queues out). Each pass: apply what discovery saw, read every
+worker's messages into the core, tick each peer's liveness (handshake, pings, death) and tell the core what
+changed, then let the core admit and send what is ready (`RoundCore.step`). A peer (`services.router.peers`) is
+the worker handle the core sends its commands through.
+
+A draft that reads the target's features (`Ready.feature_size` equal to the targets' hidden size) gets them with
+its adds and deltas (`ssd.round.features`); a draft whose feature size differs is logged and gets none.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import zmq
+
+from ssd.round import CoreConfig, RoundCore, StartupError, WorkerPool
+from services.router.metrics import RouterMetrics
+from services.router.peers import Peer
+
+log = logging.getLogger("ssd.router")
+
+__all__ = ["RouterLoop", "StartupError"]
+
+
+class RouterLoop:
+    def __init__(self, cfg: CoreConfig, targets: list[str], drafts: list[str], tokenizer_hash: str, eos_token_ids,
+                 metrics: RouterMetrics | None = None, discovery=None, curve=None, clock=time.monotonic):
+        drafts = drafts if cfg.mode != "ar" else []
+        self.clock = clock   # every time the loop and core read; tests drive their own
+        self.discovery = discovery  # ssd.discovery.Discovery: workers that appear and leave at run time
+        self._ctx = zmq.Context()
+        self._curve = curve  # ssd.curve.ClientKeys: the data plane authenticates (None: plain sockets)
+        self._poller = zmq.Poller()
+        pool = WorkerPool([Peer(self._ctx, t, "target", curve, clock) for t in targets],
+                          [Peer(self._ctx, d, "draft", curve, clock) for d in drafts], tokenizer_hash)
+        self.pool = pool
+        try:
+            self.round = RoundCore(cfg, pool, eos_token_ids, metrics or RouterMetrics(), clock,
+                                   dynamic_pool=discovery is not None)
+        except ValueError:
+            self._close()
+            raise
+        self._stop = threading.Event()
+
+    @property
+    def peers(self) -> list[Peer]:
+        return [*self.pool.targets, *self.pool.drafts]
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ---- start-up -------------------------------------------------------------------------------
+    def handshake(self) -> None:
+        """Wait for every worker's Ready and check that they fit together, or raise StartupError."""
+        timeout = self.round.cfg.ready_timeout
+        deadline = self.clock() + timeout
+        if self.discovery is not None:
+            self.discovery.start()
+            self._discover()
+        while not (all(p.alive for p in self.peers) and self.pool.any_alive("target")):
+            if self.clock() > deadline:
+                missing = ", ".join(f"{p.role} at {p.address}" for p in self.peers if not p.alive)
+                raise StartupError(f"no Ready from {missing} within {timeout:.0f} s: is the worker running "
+                                   f"(`ssd target` / `ssd draft`) and its data address right?")
+            if self.discovery is not None:
+                self._discover()
+            for p in self.peers:
+                p.receive()
+                p.tick(self.clock())
+            time.sleep(0.02)
+        self.round.start()
+        log.info("workers ready: targets %s (%s), drafts %s; mode %s, K=%d", [p.address for p in self.pool.targets],
+                 self.pool.target.ready.model_id, [d.address for d in self.pool.drafts], self.round.cfg.mode,
+                 self.round.k)
+
+    def _discover(self) -> None:
+        """Apply what the discovery source saw: connect to new workers, treat removed ones as gone."""
+        members = self.round.members
+        for change in self.discovery.changes():
+            role, address = change.worker.role, change.worker.address
+            known = next((p for p in self.peers if p.role == role and p.address == address), None)
+            if change.kind == "added" and known is None and (role == "target" or self.round.cfg.mode != "ar"):
+                peer = Peer(self._ctx, address, role, self._curve, self.clock)
+                members.joined(peer)
+                self._poller.register(peer.sock, zmq.POLLIN)
+                log.info("discovered %s %s", role, address)
+            elif change.kind == "removed" and known is not None:
+                log.info("%s %s left", role, address)
+                known.alive = False
+                members.left(known)
+                self._poller.unregister(known.sock)
+                known.close()
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def run(self) -> None:
+        for p in self.peers:
+            self._poller.register(p.sock, zmq.POLLIN)
+        core = self.round
+        while not self._stop.is_set():
+            if self.discovery is not None:
+                self._discover()
+            core.take_new()
+            busy = bool(core.active or core.waiting)
+            self._poller.poll(1 if busy else 20)
+            for p in self.peers:
+                for msg in p.receive():
+                    core.on_message(p, msg)
+            self._liveness()
+            core.step()
+        core.shutdown("the router is shutting down")
+        self._close()
+
+    def _liveness(self) -> None:
+        now, members = self.clock(), self.round.members
+        for t in list(self.pool.targets):
+            change = t.tick(now)
+            if change == "ready":
+                members.target_ready(t)
+            elif change == "died":
+                members.target_died(t)
+        for d in list(self.pool.drafts):
+            change = d.tick(now)
+            if change == "ready":
+                members.draft_ready(d)
+            elif change == "died":
+                members.draft_died(d)
+        members.report_drafts_alive()
+
+    def _close(self) -> None:
+        for p in self.peers:
+            p.close()
+        self._ctx.term()

@@ -1,0 +1,344 @@
+"""RoundCore: admission, the round per sequence, backups and finishing, over a pool of worker handles.
+
+See the package docstring (`ssd.round`) for the round and the events/commands contract. Sequences advance
+independently: a verify batch holds whichever sequences are ready, so one miss never stalls the others. If a
+draft dies its sequences continue on n-gram/none backups and are re-added from their committed tokens when one
+is back; a target that dies has its sequences restored on another. Output never depends on any of this: the
+target decides every token. One thread drives the core (the shell's loop); `submit`/`abort` may be called from
+any thread and meet it at queues (`ssd.round.intake`).
+
+Rounds: prefill is round 0 and its outcome (0, t0) is a forced miss; verification r >= 1 is round r and its
+outcome (j, t*) is looked up under (seq, r, j, t*) for the speculation of round r+1.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from ssd import wire
+from ssd.engine.stats import SpecStats
+from ssd.params import FinishReason, SamplingParams, finish_reason, speculation_room
+from ssd.round.batches import BatchLedger
+from ssd.round.features import FeatureLedger, runs
+from ssd.round.intake import Intake
+from ssd.round.metrics import RoundMetrics
+from ssd.round.planner import SpeculationPlanner
+from ssd.round.pool import WorkerPool
+from ssd.round.replies import Replies
+from ssd.round.state import MAX_TARGET_FAILURES, CoreConfig, Phase, Request, Timings
+from ssd.round.workers import Membership
+from ssd.spec.backup import BackupPolicy, BackupTimings, choose_backup
+from ssd.spec.cache import LookupReason, SpeculationCache
+from ssd.spec.ngram import ngram_propose
+
+log = logging.getLogger("ssd.round")
+
+
+class RoundCore:
+    def __init__(self, cfg: CoreConfig, pool: WorkerPool, eos_token_ids, metrics: RoundMetrics | None = None,
+                 clock: Callable[[], float] = time.monotonic, dynamic_pool: bool = False):
+        if cfg.mode != "ar" and not pool.drafts and not dynamic_pool:
+            raise ValueError(f"mode {cfg.mode} needs a draft address")
+        if not pool.targets and not dynamic_pool:
+            raise ValueError("at least one target address (or a discovery source) is needed")
+        self.cfg, self.pool, self.clock = cfg, pool, clock
+        self.dynamic_pool = dynamic_pool   # workers may join later (discovery): no draft yet is not an error
+        self.eos = frozenset(eos_token_ids)
+        self.metrics = metrics or RoundMetrics()
+        self.backup_policy = BackupPolicy(cfg.backup)
+        self.intake = Intake(clock)
+        self.cache = SpeculationCache()
+        self.timings = BackupTimings(k=3)
+        self.stats = SpecStats()
+        self.times = Timings()
+        self.batches = BatchLedger(clock, cfg.verify_inflight, cfg.verify_hold, cfg.jit_linger)
+        self.features = FeatureLedger(pool, self.metrics)
+        self.planner = SpeculationPlanner(0, False, False, cfg.probe_every, self.timings, self.metrics, clock)
+        self.replies = Replies(self)
+        self.members = Membership(self)
+        self.waiting: list[Request] = []
+        self.active: dict[int, Request] = {}
+        self.finished = 0
+        self._jit_pending: list[Request] = []
+
+    # ---- set-up and the shell's calls -----------------------------------------------------------
+    def start(self) -> None:
+        """Every worker given is ready: fix the model's shape and K (StartupError if they do not fit)."""
+        self.pool.configure()
+        k = self.pool.k
+        self.timings = BackupTimings(k=max(1, k))
+        self.planner = SpeculationPlanner(k, self.cfg.adaptive, self.cfg.adaptive_fanout, self.cfg.probe_every,
+                                          self.timings, self.metrics, self.clock)
+        self.members.report_drafts_alive()
+
+    @property
+    def k(self) -> int:
+        return self.pool.k
+
+    @property
+    def max_len(self) -> int:
+        return self.pool.max_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.pool.vocab_size
+
+    def submit(self, rid: str, prompt: list[int], params: SamplingParams, mode: str = "", k: int = 0,
+               deadline: float | None = None, events=None, replace: bool = False) -> Request:
+        mode = mode or self.cfg.mode
+        return self.intake.submit(rid, prompt, params, mode, k, self.pool.k,
+                                  bool(self.pool.drafts) or self.dynamic_pool, deadline, events, replace)
+
+    def abort(self, req: Request, reason: FinishReason = FinishReason.ABORT) -> None:
+        self.intake.abort(req, reason)
+
+    def abort_id(self, rid: str) -> bool:
+        return self.intake.abort_id(rid)
+
+    def on_message(self, worker, msg) -> None:
+        """A worker's reply (Prefilled, Outcomes, Restored, CacheEntries, JitResult, Error)."""
+        self.replies.handle(worker, msg)
+
+    def step(self) -> None:
+        """One pass of the loop: take new requests and aborts, end what is past its deadline, admit, follow up
+        sequences without a target, and send what is ready."""
+        self.take_new()
+        self.members.follow_orphans()
+        self.dispatch()
+
+    def shutdown(self, message: str) -> None:
+        for req in list(self.active.values()) + self.waiting:
+            req.events.put(("error", message))
+
+    # ---- admission ------------------------------------------------------------------------------
+    def take_new(self) -> None:
+        self.waiting.extend(self.intake.new())
+        for req, reason in self.intake.aborted():
+            self.end(req, reason)
+        now = self.clock()
+        for req in [r for r in (*self.active.values(), *self.waiting) if r.deadline is not None and r.deadline < now]:
+            self.end(req, FinishReason.TIME_LIMIT)
+        room = self.cfg.max_batch - len(self.active) if self.pool.any_alive("target") else 0
+        admit, self.waiting = self.waiting[:max(0, room)], self.waiting[max(0, room):]
+        if not admit:
+            return
+        self.metrics.set_queue_depth(len(self.waiting))
+        self.metrics.set_active(len(self.active) + len(admit))
+        for req in admit:
+            self.metrics.request_started(req.mode)
+            self.active[req.seq] = req
+        self.send_prefill(admit, wire.Prefill)
+
+    def send_prefill(self, reqs: list[Request], kind) -> None:
+        """Prefill (or, after a target failure, Restore) each sequence on the least-loaded live target, one
+        message per target. With none alive, a sequence waits (up to `target_wait` s) for one to come back."""
+        items: dict = {}
+        for req in reqs:
+            self.pool.assign(req, "target", self.pool.pick("target"))
+            req.phase = Phase.PREFILL if kind is wire.Prefill else Phase.RESTORE
+            if req.target is None:
+                self.members.orphan(req, kind)
+                continue
+            self.members.adopted(req)
+            s = req.params
+            tokens = req.prompt if kind is wire.Prefill else req.tokens
+            item = wire.PrefillItem(req.seq, tokens, wire.SamplingSpec(s.temperature, s.top_k, s.top_p, s.min_p,
+                                                                       s.seed))
+            items.setdefault(req.target, []).append((item, self.features.wanted(req)))
+        for target, group in items.items():
+            if kind is wire.Prefill:
+                for wants in (True, False):   # the features flag is per message
+                    part = [it for it, w in group if w is wants]
+                    if part:
+                        target.send(wire.Prefill(part, wants))
+            else:
+                target.send(kind([it for it, _ in group]))
+
+    # ---- the round ------------------------------------------------------------------------------
+    def room(self, req: Request) -> int:
+        return speculation_room(req.round.k, req.params, len(req.output), len(req.prompt) + len(req.output),
+                                self.pool.max_len)
+
+    def commit(self, req: Request, tokens: list[int]) -> int:
+        """Append tokens until the sequence finishes, stream them; returns how many were committed."""
+        n, now = 0, self.clock()
+        for t in tokens:
+            req.output.append(t)
+            n += 1
+            req.finish = finish_reason(t, req.params, self.eos, len(req.output), len(req.prompt) + len(req.output),
+                                       self.pool.max_len)
+            if req.finish is not None:
+                break
+        if req.first_token_at is None:
+            req.first_token_at = now
+        else:
+            self.metrics.tokens_emitted(n, now - req.last_emit_at)
+        req.last_emit_at = now
+        req.events.put(("tokens", req.output[-n:]))
+        return n
+
+    def add_to_draft(self, req: Request) -> None:
+        """(Re)build the sequence on its draft, or on the least-loaded live one if it has none."""
+        if req.mode == "ar":
+            return
+        if req.draft is None or not req.draft.alive:
+            self.pool.assign(req, "draft", self.pool.pick("draft"))
+        d = req.draft
+        if d is None:
+            return
+        p = req.params
+        params = (wire.DraftParamsSpec(0.0, 0, 1.0, 0, p.seed) if p.greedy else
+                  wire.DraftParamsSpec(p.temperature, self.cfg.draft_top_k, self.cfg.saguaro_c, 1, p.seed))
+        tokens = req.tokens
+        d.send(wire.DraftAdd([wire.DraftAddItem(req.seq, tokens, params, self.features.take(req))]))
+        req.draft_sent = len(tokens)
+
+    def next(self, req: Request, j: int, t: int) -> None:
+        """After an outcome (j, t*): the next speculation from the cache, or a backup (none when K is 0)."""
+        rnd = req.round
+        rnd.k = self.planner.plan_k(req)
+        if req.mode == "ssd":
+            entry, reason = self.cache.lookup(req.seq, rnd.number, j, t)
+            self.cache.advance(req.seq, rnd.number + 1)
+            req.stats.count("cache", reason.value)
+            if rnd.drafted:   # only a round the draft was asked to speculate for says anything about the drafts
+                self.metrics.cache_lookup(reason.value)
+                self.planner.observe_lookup(req, j, reason)
+            if rnd.k == 0:
+                self.backup(req, BackupPolicy.NONE)
+                return
+            if reason is LookupReason.HIT:
+                room = self.room(req)
+                rnd.tokens, rnd.source, req.phase = list(entry.tokens[:room]), "cache", Phase.READY
+                rnd.proposal = None if req.params.greedy else [(list(i), list(p)) for i, p in entry.proposal[:room]]
+                return
+        self.backup(req, choose_backup(self.policy(req), max(1, len(self.active)), self.timings))
+
+    def policy(self, req: Request) -> BackupPolicy:
+        return {"ar": BackupPolicy.NONE, "sd": BackupPolicy.JIT}.get(req.mode, self.backup_policy)
+
+    def backup(self, req: Request, kind: BackupPolicy) -> None:
+        room, rnd = self.room(req), req.round
+        if kind is BackupPolicy.JIT and (req.draft is None or not req.draft.alive or room == 0):
+            kind = BackupPolicy.NGRAM if req.mode != "ar" else BackupPolicy.NONE
+        if kind is BackupPolicy.JIT:
+            req.phase = Phase.JIT
+            self._jit_pending.append(req)
+        else:
+            tokens = ngram_propose(req.tokens, room) if kind is BackupPolicy.NGRAM and room else []
+            kind = BackupPolicy.NGRAM if tokens else BackupPolicy.NONE
+            rnd.tokens, req.phase = tokens, Phase.READY
+            rnd.proposal = None if req.params.greedy else [([x], [1.0]) for x in tokens]
+        rnd.source = kind.value
+        req.stats.count("backups", kind.value)
+        self.metrics.backup_used(kind.value)
+
+    def delta(self, req: Request) -> list[int]:
+        """The committed tokens the sequence's draft has not been sent yet (now counted as sent)."""
+        tokens = req.tokens
+        out = tokens[req.draft_sent:]
+        req.draft_sent = len(tokens)
+        return out
+
+    # ---- sending what is ready ------------------------------------------------------------------
+    def dispatch(self) -> None:
+        if self._jit_pending:
+            self._send_jits()
+        ready = [r for r in self.active.values() if r.phase is Phase.READY and not self.batches.busy(r.target)]
+        if ready and self.cfg.jit_linger > 0:
+            jit_targets = {r.target for r in self.active.values() if r.phase is Phase.JIT}
+            waiting = {t for t in {r.target for r in ready} if t in jit_targets and self.batches.linger(t)}
+            ready = [r for r in ready if r.target not in waiting]
+        if not ready:
+            return
+        self.planner.adapt(len(self.active))
+        verifies: dict = {}
+        rounds: dict = {}
+        for r in ready:
+            r.phase = Phase.VERIFY
+            verifies.setdefault(r.target, []).append(r)
+            rnd = r.round
+            rnd.drafted = r.draft is not None and r.draft.alive and self.planner.drafts_next_round(r)
+            if rnd.drafted:
+                rounds.setdefault(r.draft, []).append(
+                    wire.DraftRoundItem(r.seq, rnd.number + 1, self.delta(r), rnd.tokens, self.features.take(r)))
+        for t, reqs in verifies.items():
+            batch_id = self.batches.verify_sent(t, sum(len(r.round.tokens) + 1 for r in reqs))
+            for r in reqs:
+                r.round.verify_batch = batch_id
+            items = [wire.VerifyItem(r.seq, r.round.tokens, r.round.proposal) for r in reqs]
+            t.send(wire.Verify(batch_id, items, any(self.features.wanted(r) for r in reqs)))
+        for d, items in rounds.items():
+            fanout = self.planner.round_fanout(d)
+            for it in items:
+                self.active[it.seq].round.fanout = fanout or None
+            for run in runs(items):
+                d.send(wire.DraftRound(run, fanout))
+
+    def _send_jits(self) -> None:
+        jits: dict = {}
+        for req in self._jit_pending:
+            if req.phase is not Phase.JIT:
+                continue
+            if req.draft is None or not req.draft.alive:
+                self.backup(req, BackupPolicy.NGRAM)
+                continue
+            jits.setdefault(req.draft, []).append(wire.JitItem(req.seq, self.delta(req), self.room(req),
+                                                               self.features.take(req)))
+        self._jit_pending = []
+        for d, items in jits.items():
+            for run in runs(items):
+                batch_id = self.batches.jit_sent()
+                for it in run:
+                    self.active[it.seq].round.jit_batch = batch_id
+                d.send(wire.Jit(batch_id, run))
+
+    # ---- ending ---------------------------------------------------------------------------------
+    def end(self, req: Request, reason: FinishReason) -> None:
+        """End a request wherever it is (waiting or running)."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+            self.intake.forget(req)
+            self._record_end(req, reason)
+            req.events.put(("done", reason))
+        elif req.seq in self.active:
+            self.finish(req, reason)
+
+    def fail(self, req: Request, message: str) -> None:
+        req.events.put(("error", message))
+        self.finish(req, FinishReason.ERROR, notify=False)
+
+    def finish(self, req: Request, reason: FinishReason, notify: bool = True) -> None:
+        req.finish = reason
+        if self.active.pop(req.seq, None) is None:
+            return
+        self.intake.forget(req)
+        for role in ("target", "draft"):
+            worker = getattr(req, role)
+            if worker is not None:
+                worker.send(wire.Free([req.seq]))
+                self.pool.assign(req, role, None)
+        if req.seq in self.cache:
+            self.cache.end_sequence(req.seq)
+        self.features.drop(req.seq)
+        self.finished += 1
+        self.stats.merge(req.stats)
+        self._record_end(req, reason)
+        self.metrics.set_active(len(self.active))
+        if notify:
+            req.events.put(("done", reason))
+
+    def _record_end(self, req: Request, reason: FinishReason) -> None:
+        ttft = None if req.first_token_at is None else req.first_token_at - req.arrival
+        self.metrics.request_finished(req.mode, reason.value, len(req.prompt), len(req.output), ttft,
+                                      self.clock() - req.arrival)
+
+    def rebuild_on_target(self, req: Request, problem: str) -> None:
+        """What the target holds for the sequence is in doubt: rebuild it there from the committed tokens, or fail
+        the request after MAX_TARGET_FAILURES such rebuilds (a failure that repeats)."""
+        req.target_failures += 1
+        if req.target_failures >= MAX_TARGET_FAILURES:
+            self.fail(req, f"target: {problem}")
+        else:
+            self.send_prefill([req], wire.Prefill if req.phase is Phase.PREFILL else wire.Restore)

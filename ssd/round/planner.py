@@ -1,0 +1,127 @@
+"""How much to speculate: K per round (the adaptive policy, per mode) and the fan-out each DraftRound asks a draft
+for (per replica). Both learn from what rounds measure. No torch, no sockets.
+
+K: a request that pins K always gets it; otherwise the adaptive policy's choice for the current batch size
+(`ssd.spec.adaptive`), with a probe round now and then while it is 0 and an explore round at a neighbouring K.
+Fan-out: the split by the measured acceptance (the ssd policy's first position), the total by the draft's
+lateness (`ssd.spec.fanout.FanoutPolicy`).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from ssd.spec.adaptive import AdaptiveK, CostTable
+from ssd.spec.backup import BackupTimings
+from ssd.spec.cache import LookupReason
+from ssd.spec.fanout import FanoutPolicy
+
+log = logging.getLogger("ssd.round")
+
+PRIOR_ACCEPTANCE = 0.6   # the fan-out's acceptance before the ssd policy measured any
+
+
+class SpeculationPlanner:
+    def __init__(self, k: int, adaptive: bool, adaptive_fanout: bool, probe_every: int, timings: BackupTimings,
+                 metrics, clock: Callable[[], float]):
+        self.k = k   # the draft pool's K: the most any round drafts
+        self.metrics, self.clock = metrics, clock
+        self.adaptive: dict[str, AdaptiveK] = {}
+        self.choice: dict[str, int] = {}
+        self.adaptive_fanout = adaptive_fanout
+        self._fanout: dict[object, FanoutPolicy] = {}   # per draft replica, made at its first round
+        self._fanout_logged: dict[object, list[int]] = {}
+        self._logged_at = 0.0
+        if k and adaptive:
+            # One set of measurements serves both modes: the verify cost table here, the draft-step line of the
+            # backup timings (both fed once per message).
+            self.verify_cost = CostTable()
+            self.adaptive = {m: AdaptiveK(k, m, probe_every, verify=self.verify_cost, draft_step=timings.draft_step)
+                             for m in ("sd", "ssd")}
+            self.choice = {m: k for m in self.adaptive}
+
+    # ---- K ----------------------------------------------------------------------------------------
+    def plan_k(self, req) -> int:
+        """Draft tokens for the sequence's next round."""
+        if req.mode == "ar":
+            return 0
+        if req.pinned_k or req.mode not in self.adaptive:
+            return req.pinned_k or self.k
+        k = self.choice.get(req.mode, self.k)
+        policy = self.adaptive[req.mode]
+        if k == 0:
+            req.since_probe += 1
+            if policy.probe(req.since_probe):
+                req.since_probe = 0
+                return self.k
+            return 0
+        req.since_explore += 1
+        other = policy.explore(req.since_explore, k)
+        if other is not None:
+            req.since_explore = 0
+            return other
+        return k
+
+    def drafts_next_round(self, req) -> bool:
+        """Whether the draft speculates during this round's verify (ssd, and K may be above 0 next round)."""
+        return req.mode == "ssd" and (req.round.k > 0 or self.choice.get("ssd", self.k) > 0)
+
+    def adapt(self, batch: int) -> None:
+        """The adaptive choice per mode for the current batch size (logged and exported when it changes)."""
+        for mode, a in self.adaptive.items():
+            k = a.choose(batch, self.choice.get(mode))
+            if k != self.choice.get(mode):
+                now = self.clock()
+                level = logging.INFO if now - self._logged_at > 10.0 else logging.DEBUG  # at most one line in 10 s
+                self._logged_at = now if level == logging.INFO else self._logged_at
+                log.log(level, "adaptive speculation (%s, batch %d): K %s -> %d %s", mode, batch,
+                        self.choice.get(mode), k, a.summary(batch))
+                self.choice[mode] = k
+                self.metrics.set_speculation_k(mode, k)
+
+    def observe_round(self, req, offered: int, accepted: int) -> None:
+        if req.round.source in ("cache", "jit") and req.mode in self.adaptive:
+            self.adaptive[req.mode].observe_round(offered, accepted)
+
+    def observe_jit(self, roundtrip: float, compute: float) -> None:
+        for policy in self.adaptive.values():
+            policy.observe_jit(roundtrip, compute)
+
+    def observe_verify(self, positions: int, compute: float, overhead: float) -> None:
+        """The target's compute for a batch: a round trip also holds time queued behind prefills, which K does not
+        change."""
+        if self.adaptive:
+            self.verify_cost.observe(positions, compute, overhead)
+
+    def observe_lookup(self, req, j: int, reason: LookupReason) -> None:
+        """A drafted round's cache lookup: hit or not for the adaptive policy; late or not, and for an outcome its
+        draft had candidates for (hit or no entry) how many it had, for its draft's fan-out policy."""
+        if req.mode in self.adaptive:
+            self.adaptive[req.mode].observe_lookup(reason is LookupReason.HIT)
+        policy = self._fanout.get(req.draft) if req.draft is not None else None
+        if policy is None or reason in (LookupReason.STALE, LookupReason.FORCED):
+            return
+        policy.observe_late(reason is LookupReason.LATE)
+        if reason in (LookupReason.HIT, LookupReason.NO_ENTRY) and req.round.fanout:
+            fan = req.round.fanout[:len(req.round.tokens)] + [req.round.fanout[-1]]
+            if j < len(fan) and fan[j] > 0:
+                policy.observe_lookup(fan[j], reason is LookupReason.HIT)
+
+    # ---- fan-out ----------------------------------------------------------------------------------
+    def round_fanout(self, draft) -> list[int]:
+        """The fan-out this round's DraftRound carries to `draft` (empty: its own)."""
+        if not (self.adaptive_fanout and self.k and draft.ready is not None and draft.ready.fanout):
+            return []
+        policy = self._fanout.get(draft)
+        if policy is None:
+            policy = self._fanout[draft] = FanoutPolicy(self.k, sum(draft.ready.fanout))
+        # the first position's acceptance: every speculating round measures it (later positions only at K >= 2)
+        fanout = policy.fanout(self.adaptive["ssd"].acceptance[0] if "ssd" in self.adaptive else PRIOR_ACCEPTANCE)
+        if fanout != self._fanout_logged.get(draft):
+            self._fanout_logged[draft] = fanout
+            log.debug("fan-out for draft %s: %s (budget %d of %d, r %.2f)", getattr(draft, "address", draft), fanout,
+                      policy.budget, policy.max_budget, policy.exponent())
+        return fanout
+
+    def forget(self, draft) -> None:
+        self._fanout.pop(draft, None), self._fanout_logged.pop(draft, None)

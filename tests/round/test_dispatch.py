@@ -1,0 +1,262 @@
+"""How the round core hands verify batches to a target (ssd/round/batches.py: the verify hold and the JIT linger)
+and the fan-out its DraftRounds carry (ssd/round/planner.py), with no workers: replies are handed to the core and
+what it sends is recorded (tests/round/fakes.py). Also the target's side of the bargain: every Verify is answered,
+even when none of its items could run.
+"""
+import pytest
+
+from ssd import wire
+from ssd.engine.target_handler import TargetHandler
+from ssd.engine.target_tp import build_target
+from ssd.models.loader import load_model
+from ssd.params import FinishReason, SamplingParams
+from ssd.round import CoreConfig, Phase
+from ssd.round.state import MAX_TARGET_FAILURES
+from tests.round.fakes import Clock, Rig, events
+
+
+def make_rig(clock=None, **cfg) -> Rig:
+    """ar over one target."""
+    return Rig(CoreConfig(mode="ar", adaptive=False, **cfg), clock=clock)
+
+
+@pytest.fixture
+def rig():
+    rig = make_rig()
+    yield rig
+    rig.core.shutdown("the test is over")
+
+
+def admit(rig, n=1, max_tokens=40) -> list:
+    reqs = [rig.core.submit(f"r{len(rig.core.active)}-{i}", [5, 6, 7], SamplingParams(max_tokens=max_tokens),
+                            mode="ar") for i in range(n)]
+    rig.core.take_new()
+    return reqs
+
+
+def prefilled(rig, reqs, token=9):
+    rig.take(wire.Prefill)
+    rig.core.on_message(rig.target, wire.Prefilled([(r.seq, token) for r in reqs], 0.01, []))
+
+
+def answer(rig, verify, token=4):
+    rig.core.on_message(rig.target, wire.Outcomes(verify.batch_id, [wire.Outcome(it.seq, len(it.tokens), token)
+                                                                    for it in verify.items], 0.05, []))
+
+
+def test_sequences_out_of_step_join_the_next_batch_instead_of_forming_their_own(rig):
+    core = rig.core
+    a, = admit(rig)
+    prefilled(rig, [a])
+    core.dispatch()
+    (first,), = [rig.take(wire.Verify)]
+    b, = admit(rig)              # arrives while a's verify is out
+    prefilled(rig, [b])
+    core.dispatch()
+    assert not rig.take(wire.Verify) and b.phase is Phase.READY   # held: the target is busy
+    answer(rig, first)
+    core.dispatch()
+    (both,), = [rig.take(wire.Verify)]
+    assert sorted(it.seq for it in both.items) == sorted([a.seq, b.seq])
+    # from now on they stay in one cohort: each answer brings both back together
+    answer(rig, both)
+    core.dispatch()
+    (again,), = [rig.take(wire.Verify)]
+    assert len(again.items) == 2
+
+
+def test_no_limit_sends_each_ready_sequence_at_once():
+    rig = make_rig(verify_inflight=0)
+    try:
+        a, = admit(rig)
+        prefilled(rig, [a])
+        rig.core.dispatch()
+        b, = admit(rig)
+        prefilled(rig, [b])
+        rig.core.dispatch()
+        assert [len(v.items) for v in rig.take(wire.Verify)] == [1, 1]
+    finally:
+        rig.core.shutdown("the test is over")
+
+
+def test_an_unanswered_batch_stops_holding_after_verify_hold():
+    clock = Clock()
+    rig = make_rig(clock, verify_hold=0.05)
+    try:
+        a, b = admit(rig, 2)
+        prefilled(rig, [a])
+        rig.core.dispatch()
+        rig.take(wire.Verify)
+        prefilled(rig, [b])
+        clock.advance(0.049)
+        rig.core.dispatch()
+        assert not rig.take(wire.Verify)   # still within the hold
+        clock.advance(0.002)
+        rig.core.dispatch()
+        (v,), = [rig.take(wire.Verify)]
+        assert [it.seq for it in v.items] == [b.seq]
+    finally:
+        rig.core.shutdown("the test is over")
+
+
+def test_an_empty_answer_releases_the_target(rig):
+    core = rig.core
+    a, b = admit(rig, 2)
+    prefilled(rig, [a])
+    core.dispatch()
+    (first,), = [rig.take(wire.Verify)]
+    prefilled(rig, [b])
+    core.on_message(rig.target, wire.Error("invalid_argument", "bad", a.seq))
+    core.on_message(rig.target, wire.Outcomes(first.batch_id, [], 0.01, []))
+    core.dispatch()
+    (v,), = [rig.take(wire.Verify)]
+    assert [it.seq for it in v.items] == [b.seq]
+
+
+def test_a_failed_target_batch_rebuilds_its_sequences_then_fails_them_if_it_repeats(rig):
+    core = rig.core
+    a, = admit(rig)
+    prefilled(rig, [a])
+    core.dispatch()
+    rig.take(wire.Verify)
+    for attempt in range(1, MAX_TARGET_FAILURES):
+        core.on_message(rig.target, wire.Error("internal", "RuntimeError: boom", None))
+        (restore,), = [rig.take(wire.Restore)]
+        assert a.phase is Phase.RESTORE and restore.items[0].tokens == [5, 6, 7, 9]
+        core.on_message(rig.target, wire.Restored([a.seq], 0.01))
+        core.dispatch()
+        assert rig.take(wire.Verify)   # the failed batch no longer holds the target
+    core.on_message(rig.target, wire.Error("internal", "RuntimeError: boom", None))
+    assert a.finish is FinishReason.ERROR and a.seq not in core.active
+    assert ("error", "target: RuntimeError: boom") in events(a)
+
+
+class FakeEndpoint:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, peer, msg) -> None:
+        self.sent.append(wire.decode(wire.encode(msg)))
+
+
+def test_target_answers_a_verify_none_of_whose_items_could_run(default_models):
+    worker = build_target(load_model(default_models["target"]),
+                          {"max_seqs": 2, "max_len": 64, "kv_tokens": 0, "block_size": 16})
+    ep = FakeEndpoint()
+    handler = TargetHandler(worker, ep)
+    handler.handle([(b"r", wire.Verify(3, [wire.VerifyItem(99, [1], None)]))])   # an unknown sequence
+    error, outcomes = ep.sent
+    assert isinstance(error, wire.Error) and error.seq == 99
+    assert isinstance(outcomes, wire.Outcomes) and outcomes.batch_id == 3 and outcomes.items == []
+
+
+def make_sd_rig(mode="sd", clock=None, **cfg) -> Rig:
+    """One target and one draft (adaptive K off unless asked)."""
+    cfg.setdefault("adaptive", False)
+    return Rig(CoreConfig(mode=mode, **cfg), drafts=[None], clock=clock)
+
+
+def sd_admit(rig) -> object:
+    req = rig.core.submit(f"s{len(rig.core.active)}", [5, 6, 7], SamplingParams(max_tokens=40), mode="sd")
+    rig.core.take_new()
+    rig.take(wire.Prefill)
+    rig.core.on_message(rig.target, wire.Prefilled([(req.seq, 9)], 0.01, []))
+    rig.take(wire.DraftAdd)
+    return req
+
+
+def jit_answer(rig, jit):
+    rig.core.on_message(rig.drafts[0], wire.JitResult(jit.batch_id, [(it.seq, [11, 12, 13], None)
+                                                                     for it in jit.items], 0.005))
+
+
+def test_a_free_target_waits_for_the_jits_of_its_other_sequences_so_both_groups_verify_together():
+    """SD: the sequences a verify answers need a JIT before they are ready again, while those that waited are
+    ready at once. Sending those at once would keep the two groups apart for good."""
+    rig = make_sd_rig()
+    core = rig.core
+    try:
+        a = sd_admit(rig)
+        core.dispatch()
+        jit_answer(rig, rig.take(wire.Jit)[0])
+        core.dispatch()
+        (va,), = [rig.take(wire.Verify)]
+        b = sd_admit(rig)                    # out of step: joins while a's verify is out
+        core.dispatch()
+        jit_answer(rig, rig.take(wire.Jit)[0])
+        core.dispatch()
+        assert not rig.take(wire.Verify)     # held: the target is busy
+        answer(rig, va)                      # a is answered and needs a JIT; b is ready and the target is free
+        core.dispatch()
+        (jit,), = [rig.take(wire.Jit)]
+        assert b.phase is Phase.READY and not rig.take(wire.Verify)   # the target waits for a's JIT
+        jit_answer(rig, jit)
+        core.dispatch()
+        (both,), = [rig.take(wire.Verify)]
+        assert sorted(it.seq for it in both.items) == sorted([a.seq, b.seq])
+    finally:
+        core.shutdown("the test is over")
+
+
+def test_the_wait_for_jits_is_bounded():
+    clock = Clock()
+    rig = make_sd_rig(clock=clock, jit_linger=0.03)   # the wait: min(jit_linger, 1.5 x the 20 ms JIT prior)
+    core = rig.core
+    try:
+        a = sd_admit(rig)
+        core.dispatch()
+        rig.take(wire.Jit)                   # a's JIT never comes back
+        b = sd_admit(rig)
+        core.dispatch()
+        clock.advance(0.02)                  # b's JIT takes 20 ms: the measured round trip stays at the prior
+        jit_answer(rig, rig.take(wire.Jit)[0])
+        core.dispatch()
+        assert not rig.take(wire.Verify)
+        clock.advance(0.029)
+        core.dispatch()
+        assert not rig.take(wire.Verify)     # still waiting
+        clock.advance(0.002)
+        core.dispatch()
+        (v,), = [rig.take(wire.Verify)]
+        assert [it.seq for it in v.items] == [b.seq] and a.phase is Phase.JIT
+    finally:
+        core.shutdown("the test is over")
+
+
+@pytest.mark.parametrize("setting", [{"verify_inflight": -1}, {"jit_linger": -0.1}, {"max_batch": 0}])
+def test_out_of_range_dispatch_settings_are_refused_with_their_name(setting):
+    with pytest.raises(ValueError, match=next(iter(setting))):
+        CoreConfig(mode="ar", **setting)
+
+
+@pytest.mark.parametrize("adaptive_fanout", [True, False])
+def test_each_draft_round_carries_the_online_fanout_and_lookups_feed_it(adaptive_fanout):
+    """ssd: the DraftRound sent with a verify carries a fan-out of K+1 counts within the draft's budget (empty
+    with adaptive_fanout off); the next outcome's lookup counts toward that draft's policy."""
+    rig = make_sd_rig("ssd", adaptive=True, adaptive_fanout=adaptive_fanout)
+    core, draft = rig.core, rig.drafts[0]
+    try:
+        req = core.submit("f0", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd")
+        core.take_new()
+        rig.take(wire.Prefill)
+        core.on_message(rig.target, wire.Prefilled([(req.seq, 9)], 0.01, []))
+        core.dispatch()
+        for jit in rig.take(wire.Jit):       # the first round after prefill is a forced miss
+            jit_answer(rig, jit)
+        core.dispatch()
+        (verify,), (draft_round,) = rig.take(wire.Verify), rig.take(wire.DraftRound)
+        if not adaptive_fanout:
+            assert draft_round.fanout == [] and req.round.fanout is None and not core.planner._fanout
+            return
+        fan = draft_round.fanout
+        assert len(fan) == core.k + 1 and sum(fan) <= 5 and req.round.fanout == fan
+        # the draft publishes for outcome (j = 0, t* = 4): the target then answers exactly that outcome
+        core.on_message(draft, wire.CacheEntries(req.seq, req.round.number + 1,
+                                                 [wire.CacheEntry(0, 4, [1, 2, 3], None)], 0.01))
+        core.on_message(rig.target, wire.Outcomes(verify.batch_id, [wire.Outcome(req.seq, 0, 4)], 0.05, []))
+        assert req.round.source == "cache"
+        policy = core.planner._fanout[draft]
+        assert policy._seen == 1 and policy._late == 0        # looked up, in time
+        assert policy._lookups == {fan[0]: 1.0} and policy._misses == {fan[0]: 0.0}   # a hit with F_0 forks
+    finally:
+        core.shutdown("the test is over")

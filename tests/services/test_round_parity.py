@@ -1,0 +1,45 @@
+"""The router and the in-process engine run one round: the same requests give the same rounds through both.
+
+Both carry `ssd.round.RoundCore` (the router over ZeroMQ to the target and draft processes, the engine over
+function calls to the same handlers), so with K fixed (the stack runs `--adaptive false` and each request pins
+K = 3), greedy decoding and one request at a time (so no batch composition can differ), every round is
+determined: the draft's JIT proposal, the target's outcome. A request's round count, its accepted drafts and,
+per position, its acceptance must then agree exactly; so must its tokens. SSD adds cache lookups whose
+timeliness depends on the processes' speed, so there only the tokens and the speculation are compared.
+"""
+import pytest
+
+from ssd.client import Client
+from ssd.engine.speculative import SpecConfig, SpeculativeEngine
+from ssd.models.loader import load_model
+from ssd.round import RoundCore
+from ssd.sampling import SamplingParams
+
+TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def engine_pair(default_models):
+    return load_model(default_models["target"]), load_model(default_models["draft"])
+
+
+def in_process(pair, mode: str, prompt: list[int]):
+    engine = SpeculativeEngine(*pair, SpecConfig(mode=mode, k=3), max_batch=1)
+    assert isinstance(engine.core, RoundCore)
+    seq = engine.generate([prompt], SamplingParams(max_tokens=TOKENS, ignore_eos=True))[0]
+    return seq.output, seq.stats
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_router_and_in_process_engine_agree_round_by_round(stack, engine_pair, chat_prompts, ar_reference, mode):
+    with Client(stack.grpc_address, timeout=300) as client:
+        for i in (0, 2, 5):   # code, math and chat prompts, one at a time
+            served = client.generate(chat_prompts[i], max_tokens=TOKENS, ignore_eos=True, mode=mode, k=3)
+            tokens, stats = in_process(engine_pair, mode, chat_prompts[i])
+            assert served.token_ids == tokens == ar_reference[i][:TOKENS]
+            accepted = served.completion_tokens - 1 - served.stats.rounds
+            assert accepted > 0, "no drafted token was accepted: the comparison below proves nothing"
+            if mode == "sd":
+                assert served.stats.rounds == stats.rounds, i
+                assert accepted == sum(stats.accepted), i
+                assert list(served.stats.acceptance_per_position) == pytest.approx(stats.acceptance_per_position)

@@ -1,0 +1,106 @@
+"""The router's ZeroMQ loop (services/router/loop.py) against fake workers on loopback sockets: workers that answer
+nonsense cannot stop it or change a token. What the round core does with each kind of invalid reply, in process:
+tests/round/test_invalid_replies.py.
+"""
+import threading
+
+import zmq
+
+from ssd import wire
+from ssd.params import FinishReason, SamplingParams
+from ssd.round import CoreConfig
+from services.router.loop import RouterLoop
+
+VOCAB, K = 100, 3
+
+
+def ready(role: str) -> wire.Ready:
+    return wire.Ready(role, "m", "h", VOCAB, 256, K, [2, 1, 1, 1] if role == "draft" else [], 0)
+
+
+class FakeWorker:
+    """A worker's data plane in a thread: answers Hello and Ping, and hands every other message to `reply`."""
+
+    def __init__(self, ctx, role: str, reply):
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.address, self.role, self.reply = f"tcp://127.0.0.1:{port}", role, reply
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.stop.is_set():
+            if not self.sock.poll(20):
+                continue
+            peer, *frames = self.sock.recv_multipart()
+            msg = wire.decode(frames)
+            answers = [ready(self.role)] if isinstance(msg, wire.Hello) else \
+                [wire.Pong(msg.nonce)] if isinstance(msg, wire.Ping) else self.reply(msg)
+            for answer in answers:
+                self.sock.send_multipart([peer, *wire.encode(answer)])
+
+
+def test_the_loop_survives_workers_that_answer_nonsense_and_the_output_stays_the_targets():
+    """A target whose first verify answer of each sequence is j > K (then honest: it accepts nothing and
+    decodes 4, 5, 6, ...) and a draft that answers every JIT with out-of-vocabulary tokens and publishes entries
+    that are too long: each request still streams exactly the target's tokens, and the loop keeps running."""
+    ctx = zmq.Context()
+    lied: set[int] = set()
+    made: dict[int, list[int]] = {}
+
+    def target(msg):
+        if isinstance(msg, wire.Prefill):
+            return [wire.Prefilled([(it.seq, 3) for it in msg.items], 0.001, [])]
+        if isinstance(msg, wire.Restore):
+            return [wire.Restored([it.seq for it in msg.items], 0.001)]
+        if isinstance(msg, wire.Verify):
+            items = []
+            for it in msg.items:
+                if it.seq not in lied:
+                    lied.add(it.seq)
+                    items.append(wire.Outcome(it.seq, K + 5, 4))
+                else:
+                    made.setdefault(it.seq, []).append(4 + len(made.get(it.seq, [])))
+                    items.append(wire.Outcome(it.seq, 0, made[it.seq][-1]))
+            return [wire.Outcomes(msg.batch_id, items, 0.001, [])]
+        return []
+
+    def draft(msg):
+        if isinstance(msg, wire.Jit):
+            return [wire.JitResult(msg.batch_id, [(it.seq, [VOCAB + 1] * it.k, None) for it in msg.items], 0.001)]
+        if isinstance(msg, wire.DraftRound):
+            return [wire.CacheEntries(it.seq, it.round, [wire.CacheEntry(0, t, [1] * (K + 2), None)
+                                                         for t in range(VOCAB)], 0.001) for it in msg.items]
+        return []
+
+    workers = [FakeWorker(ctx, "target", target), FakeWorker(ctx, "draft", draft)]
+    for w in workers:
+        w.thread.start()
+    router = RouterLoop(CoreConfig(mode="ssd", adaptive=False, ready_timeout=20), [workers[0].address],
+                        [workers[1].address], "h", [2])
+    loop = threading.Thread(target=router.run, daemon=True)
+    try:
+        router.handshake()
+        loop.start()
+        reqs = [router.round.submit(f"l{i}", [5, 6, 7], SamplingParams(max_tokens=6, ignore_eos=True), mode="ssd")
+                for i in range(3)]
+        for req in reqs:
+            seen, kind = [], None
+            while kind != "done":
+                kind, value = req.events.get(timeout=30)
+                assert kind != "error", value
+                seen += value if kind == "tokens" else []
+            assert seen == [3, 4, 5, 6, 7, 8] and value is FinishReason.LENGTH
+        assert loop.is_alive() and lied == {r.seq for r in reqs}
+    finally:
+        router.stop()
+        if loop.ident is not None:
+            loop.join(timeout=5)   # the loop closes its sockets as it ends
+        else:
+            router._close()
+        for w in workers:
+            w.stop.set()
+            w.thread.join(timeout=5)
+            w.sock.close(0)
+        ctx.term()
