@@ -538,12 +538,12 @@ class CacheEntries:
     elapsed_s: float
 
 
-@_wire(seq=ID, delta=TOKENS, k=ID, features=FEATURES)
+@_wire(seq=ID, delta=TOKENS, room=ID, features=FEATURES)
 @dataclass(slots=True)
 class JitItem:
     seq: int
     delta: list[int]
-    k: int
+    room: int   # the most tokens the answer may hold (the room of the speculation: K, less near the end)
     features: Features | None = None   # as DraftRoundItem.features
 
 

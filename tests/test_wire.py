@@ -40,7 +40,7 @@ EXAMPLES = [
     CacheEntries(seq=1, round=4, entries=[CacheEntry(accepted=0, token=3, tokens=[17, 40], proposal=[ROW_A, ROW_A]),
                                           CacheEntry(accepted=2, token=9, tokens=[1], proposal=None)],
                  elapsed_s=0.001),
-    Jit(batch_id=2, items=[JitItem(seq=1, delta=[11, 12], k=4, features=(5, HALVES)), JitItem(2, [], 4)]),
+    Jit(batch_id=2, items=[JitItem(seq=1, delta=[11, 12], room=4, features=(5, HALVES)), JitItem(2, [], 4)]),
     JitResult(batch_id=2, items=[(1, [3, 17], [ROW_A, ROW_B]), (2, [5], None)], elapsed_s=0.002),
     Free(seqs=[1, 2, 2**63 - 1]),
     Error(code="late", message="draft replica 2 is draining", seq=None),

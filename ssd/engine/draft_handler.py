@@ -5,10 +5,10 @@ of its endpoint is `send(peer, message)` (`ssd/engine/handler.py`).
 
 Per round a router sends `DraftRound` (the tokens committed since its last message and the speculation the
 target is verifying); the draft answers with one `CacheEntries` per sequence: the next speculation for every
-outcome it anticipates. On a miss a router sends `Jit` (decode K tokens now), answered by `JitResult`; JIT
-work is on the critical path, so it runs before speculative work. State changes (adds, frees, committed
-deltas) apply in arrival order; a `DraftRound` overtaken by a later message for the same sequence is stale
-and only its delta is applied. A sequence the draft does not know gets `Error(unknown_sequence)`: the
+outcome it anticipates. On a miss a router sends `Jit` (decode up to `JitItem.room` tokens now), answered by
+`JitResult`; JIT work is on the critical path, so it runs before speculative work. State changes (adds, frees,
+committed deltas) apply in arrival order; a `DraftRound` overtaken by a later message for the same sequence is
+stale and only its delta is applied. A sequence the draft does not know gets `Error(unknown_sequence)`: the
 router then re-adds it from its committed tokens (the draft is stateless apart from rebuildable KV).
 
 A feature-reading draft (`DraftWorker.feature_size` > 0, announced in `Ready.feature_size`) gets the target's
@@ -72,7 +72,7 @@ class DraftHandler(Handler):
         return True
 
     def handle(self, batch) -> None:
-        jits: dict = {}    # key -> (peer, batch_id, seq, k)
+        jits: dict = {}    # key -> (peer, batch_id, seq, room)
         rounds: dict = {}  # key -> (peer, seq, round, spec, fanout or None)
         vocab = self.worker.model.cfg.vocab_size
         for peer, msg in batch:
@@ -95,7 +95,7 @@ class DraftHandler(Handler):
                 for it in msg.items:
                     if self._commit(peer, it.seq, it.delta, it.features):
                         rounds.pop((peer, it.seq), None)
-                        jits[(peer, it.seq)] = (peer, msg.batch_id, it.seq, it.k)
+                        jits[(peer, it.seq)] = (peer, msg.batch_id, it.seq, it.room)
             elif isinstance(msg, wire.DraftRound):
                 fanout = None
                 if msg.fanout:
@@ -116,12 +116,13 @@ class DraftHandler(Handler):
     def _jit(self, jits: dict) -> None:
         t0 = time.perf_counter()
         keys = list(jits)
-        specs = self.worker.jit(keys, max(k for *_, k in jits.values()))
+        specs = self.worker.jit(keys, max(room for *_, room in jits.values()))
         elapsed = time.perf_counter() - t0
         grouped = defaultdict(list)
         for key, sp in zip(keys, specs):
-            peer, batch_id, seq, k = jits[key]
-            grouped[(peer, batch_id)].append((seq, sp.tokens[:k], None if sp.proposal is None else sp.proposal[:k]))
+            peer, batch_id, seq, room = jits[key]
+            grouped[(peer, batch_id)].append((seq, sp.tokens[:room],
+                                              None if sp.proposal is None else sp.proposal[:room]))
         for (peer, batch_id), items in grouped.items():
             self.endpoint.send(peer, wire.JitResult(batch_id, items, elapsed))
 

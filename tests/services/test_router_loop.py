@@ -68,7 +68,7 @@ def test_the_loop_survives_workers_that_answer_nonsense_and_the_output_stays_the
 
     def draft(msg):
         if isinstance(msg, wire.Jit):
-            return [wire.JitResult(msg.batch_id, [(it.seq, [VOCAB + 1] * it.k, None) for it in msg.items], 0.001)]
+            return [wire.JitResult(msg.batch_id, [(it.seq, [VOCAB + 1] * it.room, None) for it in msg.items], 0.001)]
         if isinstance(msg, wire.DraftRound):
             return [wire.CacheEntries(it.seq, it.round, [wire.CacheEntry(0, t, [1] * (K + 2), None)
                                                          for t in range(VOCAB)], 0.001) for it in msg.items]
