@@ -115,20 +115,14 @@ class RouterLoop:
         self._close()
 
     def _liveness(self) -> None:
-        now, members = self.clock(), self.round.members
-        for t in list(self.pool.targets):
-            change = t.tick(now)
-            if change == "ready":
-                members.target_ready(t)
-            elif change == "died":
-                members.target_died(t)
-        for d in list(self.pool.drafts):
-            change = d.tick(now)
-            if change == "ready":
-                members.draft_ready(d)
-            elif change == "died":
-                members.draft_died(d)
-        members.report_drafts_alive()
+        now, m = self.clock(), self.round.members
+        on = {("target", "ready"): m.target_ready, ("target", "died"): m.target_died,
+              ("draft", "ready"): m.draft_ready, ("draft", "died"): m.draft_died}
+        for p in self.peers:
+            change = p.tick(now)
+            if change is not None:
+                on[(p.role, change)](p)
+        m.report_drafts_alive()
 
     def _close(self) -> None:
         for p in self.peers:
