@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ssd.launcher import Stack, StackConfig  # noqa: E402
+from ssd.cli.launcher import Stack, StackConfig  # noqa: E402
 
 LOCUSTFILE = ROOT / "tests" / "load" / "locustfile.py"
 RESULTS = ROOT / "bench" / "results" / "load.json"

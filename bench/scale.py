@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ssd.bench import run_mode  # noqa: E402
+from ssd.cli.launcher import Stack, StackConfig  # noqa: E402
 from ssd.client import Client  # noqa: E402
-from ssd.launcher import Stack, StackConfig  # noqa: E402
 from ssd.prompts import PROMPTS_BY_KIND  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "scale.json"

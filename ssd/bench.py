@@ -14,8 +14,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ssd.cli.launcher import Stack, StackConfig
 from ssd.client import Client
-from ssd.launcher import Stack, StackConfig
 from ssd.prompts import PROMPTS_BY_KIND
 
 

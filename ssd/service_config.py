@@ -91,7 +91,7 @@ def write_bound_file(path: Path | None, addresses: dict) -> None:
     """Write what a service actually bound (`{"grpc_address": "127.0.0.1:40123", ...}`) to `path` as JSON, atomically
     (a temporary file in the same folder, then rename), so a reader sees the whole file or none; no-op for None.
 
-    This is how a service started on port 0 reports its ports: the launcher (`ssd.launcher.Stack`) waits for the
+    This is how a service started on port 0 reports its ports: the launcher (`ssd.cli.launcher.Stack`) waits for the
     file instead of picking ports itself, which another process could take between the pick and the bind."""
     if path is None:
         return

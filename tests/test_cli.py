@@ -43,8 +43,9 @@ def test_version_prints_the_installed_version():
 
 
 def test_up_flags_reach_the_service_command_lines(default_models, monkeypatch):
-    from ssd.cli import build_parser, stack_config
-    from ssd.launcher import Stack
+    from ssd.cli import build_parser
+    from ssd.cli.launcher import Stack
+    from ssd.cli.up import stack_config
 
     args = build_parser().parse_args([
         "up", "--model", str(default_models["target"]), "--draft", str(default_models["draft"]), "--device", "cpu",
@@ -76,7 +77,8 @@ def test_up_flags_reach_the_service_command_lines(default_models, monkeypatch):
 
 
 def test_up_defaults_leave_the_services_defaults():
-    from ssd.cli import build_parser, stack_config
+    from ssd.cli import build_parser
+    from ssd.cli.up import stack_config
 
     cfg = stack_config(build_parser().parse_args(["up"]))
     assert (cfg.device, cfg.dtype, cfg.host, cfg.max_batch) == ("", "", "127.0.0.1", 16)

@@ -1,4 +1,4 @@
-"""`ssd.launcher.Stack`: services bind port 0 themselves and the stack uses what they report; supervision restarts
+"""`ssd.cli.launcher.Stack`: services bind port 0 themselves and the stack uses what they report; supervision restarts
 a worker on its addresses and gives up at the restart limit; bound files are written whole or not at all."""
 import json
 import os
@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from ssd import launcher
+from ssd.cli import launcher
+from ssd.cli.launcher import GaveUp, Stack, StackConfig, exit_reason
 from ssd.client import Client
 from ssd.control import describe
-from ssd.launcher import GaveUp, Stack, StackConfig, exit_reason
 from ssd.service_config import bound_host_port, read_bound_file, write_bound_file
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ssd.launcher import Stack, StackConfig
+from ssd.cli.launcher import Stack, StackConfig
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 

@@ -1,7 +1,7 @@
 import pytest
 
+from ssd.cli.launcher import Stack, StackConfig
 from ssd.engine.ar import AREngine
-from ssd.launcher import Stack, StackConfig
 from ssd.models.loader import load_model
 from ssd.prompts import PROMPTS
 from ssd.sampling import SamplingParams

@@ -4,8 +4,8 @@ import urllib.request
 
 import pytest
 
+from ssd.cli.launcher import Stack, StackConfig
 from ssd.client import Client
-from ssd.launcher import Stack, StackConfig
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import re
 import subprocess
 import sys
 
-from ssd.launcher import free_port
+from ssd.cli.launcher import free_port
 
 PROMPT = "Name three colours of the rainbow."
 

@@ -116,8 +116,8 @@ def test_a_plain_worker_still_serves_plain_routers():
 
 def test_authorised_stack_generates_like_ar(keys, default_models, chat_prompts, ar_reference, tmp_path):
     """Router, target and draft with CURVE on every data-plane socket: same greedy output as AR."""
+    from ssd.cli.launcher import Stack, StackConfig
     from ssd.client import Client
-    from ssd.launcher import Stack, StackConfig
 
     worker = ["--curve-secret-key-file", str(keys / "worker.key_secret"),
               "--curve-authorized-keys", str(keys / "router.key")]

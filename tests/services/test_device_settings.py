@@ -8,9 +8,9 @@ import warnings
 import pytest
 import torch
 
+from ssd.cli.launcher import Stack, StackConfig
 from ssd.client import Client
 from ssd.control import describe
-from ssd.launcher import Stack, StackConfig
 from ssd.models.parallel import free_port
 from ssd.worker.service import WorkerConfig, device_problem
 

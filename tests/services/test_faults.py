@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from ssd.cli.launcher import Stack, StackConfig
 from ssd.client import Client, Result
 from ssd.control import describe
-from ssd.launcher import Stack, StackConfig
 
 
 @dataclass

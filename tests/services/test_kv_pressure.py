@@ -6,9 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from ssd.cli.launcher import Stack, StackConfig
 from ssd.client import Client
 from ssd.control import describe
-from ssd.launcher import Stack, StackConfig
 
 KV_TOKENS, MAX_LEN = 192, 128   # 12 blocks of 16: room for about two of the ten sequences at a time
 

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
+from ssd.cli.launcher import Stack, StackConfig, free_port
 from ssd.client import Client
-from ssd.launcher import Stack, StackConfig, free_port
 from tests.redis_server import RedisServer, needs_redis
 
 pytestmark = needs_redis

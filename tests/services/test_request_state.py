@@ -11,8 +11,8 @@ import grpc
 import pytest
 import redis as redis_lib
 
+from ssd.cli.launcher import Stack, StackConfig, free_port
 from ssd.client import Client, Delta, build_request
-from ssd.launcher import Stack, StackConfig, free_port
 from ssd.pb import generation_pb2_grpc as pb_grpc
 from tests.redis_server import RedisServer, needs_redis
 

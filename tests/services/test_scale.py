@@ -5,9 +5,9 @@ import time
 
 import pytest
 
+from ssd.cli.launcher import Stack, StackConfig
 from ssd.client import Client
 from ssd.control import describe
-from ssd.launcher import Stack, StackConfig
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from ssd.auth import ApiKeyError, ApiKeys, bearer, read_keys
+from ssd.cli.launcher import Stack, StackConfig
 from ssd.client import AuthenticationError, Client, Delta, UnavailableError
-from ssd.launcher import Stack, StackConfig
 
 KEY = "sk-test-0123456789abcdef"
 

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from ssd.launcher import Stack, StackConfig
+from ssd.cli.launcher import Stack, StackConfig
 
 
 def test_draft_with_other_tokenizer_is_refused(default_models, tmp_path):

@@ -10,10 +10,10 @@ import time
 import psutil
 import pytest
 
+from ssd.cli.launcher import Stack, StackConfig
 from ssd.client import Client
 from ssd.control import describe, wait_serving
 from ssd.engine.ar import AREngine
-from ssd.launcher import Stack, StackConfig
 from ssd.models.loader import load_model
 from ssd.models.parallel import free_port
 from ssd.sampling import SamplingParams
