@@ -6,8 +6,8 @@ Contract
   array of its fields in declaration order. No maps, no ext types, never pickle, no torch. The leader sends it
   as a length and a uint8 tensor (``ssd/engine/target_tp.py``).
 * ``encode(msg)`` returns the buffer, ``decode(data)`` the message. Both check every field against its kind (the
-  data plane's kinds, ``ssd/wire.py``) and raise ``TPWireError`` naming the message, the field path and the rule.
-  ``decode`` raises nothing but ``TPWireError``, whatever the input: size (``MAX_OP_BYTES``, checked before
+  data plane's kinds, ``ssd/wire/kinds.py``) and raise ``TPWireError`` naming the message, the field path and the
+  rule. ``decode`` raises nothing but ``TPWireError``, whatever the input: size (``MAX_OP_BYTES``, checked before
   unpacking) and version come first, then the type byte; unpacking is bounded (lengths, ``MAX_OP_ARRAYS``); a
   version other than ``TP_VERSION`` is refused naming both versions.
 * A sequence id is ``(peer, seq)``: the router's ZeroMQ identity (bytes, at most ``MAX_PEER_BYTES``) and its
@@ -32,8 +32,8 @@ import msgpack
 import numpy as np
 
 from ssd.params import SamplingParams
-from ssd.wire import (MAX_ROW_ENTRIES, MAX_ROWS, WireError, _Array, _as_list, _Bad, _Bool, _Float, _Int, _Ints, _List,
-                      _Optional, _tuple, _what)
+from ssd.wire.kinds import (MAX_ROW_ENTRIES, MAX_ROWS, WireError, _Array, _as_list, _Bad, _Bool, _Float, _Int, _Ints,
+                            _List, _Optional, _tuple, _what)
 
 __all__ = ["MAX_OP_ARRAYS", "MAX_OP_BYTES", "MAX_OP_ITEMS", "MAX_PEER_BYTES", "MESSAGE_TYPES", "TP_VERSION", "Free",
            "Item", "Prefill", "Request", "Restore", "Stop", "TPWireError", "Verify", "decode", "encode"]

@@ -1,7 +1,7 @@
 """Target features for a feature-reading draft: the target's final pre-norm hidden state per position.
 
 A `FeatureBlock` holds consecutive positions' features, `rows[i]` being the feature at `start + i`. On the
-data plane a block travels as `(start, data)`, the layout the wire module defines (`ssd/wire.py`: rows of
+data plane a block travels as `(start, data)`, the layout the wire module defines (`ssd/wire/features.py`: rows of
 `wire.FEATURE_DTYPE` values, row-major, `wire.feature_row_bytes(dim)` each); this module only converts
 between that layout and tensors.
 """

@@ -1,0 +1,98 @@
+"""The data plane's messages between the router and a draft: add a sequence (``DraftAdd``), the per-round work
+(``DraftRound`` -> ``CacheEntries``: the next speculation for each outcome the draft anticipates), and the JIT
+backup on a miss (``Jit`` -> ``JitResult``).
+
+Type bytes: 0x30 DraftAdd, 0x31 DraftRound, 0x32 CacheEntries, 0x40 Jit, 0x41 JitResult.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ssd.wire.codec import _SPECS, _items, _wire
+from ssd.wire.features import FEATURES, Features
+from ssd.wire.kinds import ID, PROPOSAL, SECONDS, SEED, TOKEN, TOKENS, Row, _Ints, _List, _tuple
+
+
+@_wire(temperature=SECONDS, top_k=ID, saguaro_c=SECONDS, saguaro_f=ID, seed=SEED)
+@dataclass(slots=True)
+class DraftParamsSpec:
+    temperature: float
+    top_k: int
+    saguaro_c: float
+    saguaro_f: int
+    seed: int | None
+
+
+@_wire(seq=ID, tokens=TOKENS, params=_SPECS[DraftParamsSpec], features=FEATURES)
+@dataclass(slots=True)
+class DraftAddItem:
+    seq: int
+    tokens: list[int]
+    params: DraftParamsSpec
+    features: Features | None = None   # for a feature-reading draft: the target's features it has not seen
+
+
+@_wire(0x30, items=_items(DraftAddItem))
+@dataclass(slots=True)
+class DraftAdd:
+    items: list[DraftAddItem]
+
+
+@_wire(seq=ID, round=ID, delta=TOKENS, spec=TOKENS, features=FEATURES)
+@dataclass(slots=True)
+class DraftRoundItem:
+    seq: int
+    round: int
+    delta: list[int]   # tokens committed since the last message about seq
+    spec: list[int]    # the speculation now being verified
+    features: Features | None = None   # the target's features received since the last message about seq
+
+
+@_wire(0x31, items=_items(DraftRoundItem), fanout=_Ints("MAX_ROWS", 63))
+@dataclass(slots=True)
+class DraftRound:
+    items: list[DraftRoundItem]
+    fanout: list[int] = field(default_factory=list)   # forks per position F_0..F_K for these rounds (empty: the
+                                                      # draft's own); the router's online fan-out (version 3)
+
+
+@_wire(accepted=ID, token=TOKEN, tokens=TOKENS, proposal=PROPOSAL)
+@dataclass(slots=True)
+class CacheEntry:
+    accepted: int   # the outcome (j, t*) this speculation anticipates
+    token: int
+    tokens: list[int]
+    proposal: list[Row] | None
+
+
+@_wire(0x32, seq=ID, round=ID, entries=_items(CacheEntry, "MAX_ENTRIES"), elapsed_s=SECONDS)
+@dataclass(slots=True)
+class CacheEntries:
+    seq: int
+    round: int
+    entries: list[CacheEntry]
+    elapsed_s: float
+
+
+@_wire(seq=ID, delta=TOKENS, room=ID, features=FEATURES)
+@dataclass(slots=True)
+class JitItem:
+    seq: int
+    delta: list[int]
+    room: int   # the most tokens the answer may hold (the room of the speculation: K, less near the end)
+    features: Features | None = None   # as DraftRoundItem.features
+
+
+@_wire(0x40, batch_id=ID, items=_items(JitItem))
+@dataclass(slots=True)
+class Jit:
+    batch_id: int
+    items: list[JitItem]
+
+
+@_wire(0x41, batch_id=ID, items=_List(_tuple(ID, TOKENS, PROPOSAL), "MAX_ITEMS"), elapsed_s=SECONDS)
+@dataclass(slots=True)
+class JitResult:
+    batch_id: int
+    items: list[tuple[int, list[int], list[Row] | None]]   # (seq, tokens, proposal)
+    elapsed_s: float

@@ -1,0 +1,94 @@
+"""The data plane's messages between the router and a target: prefill a sequence (``Prefill`` -> ``Prefilled``, its
+first token), rebuild one from its committed tokens on another target (``Restore`` -> ``Restored``), and verify
+speculations (``Verify`` of ``VerifyItem`` -> ``Outcomes`` of ``Outcome``: j tokens accepted, then t*).
+
+Type bytes: 0x10 Prefill, 0x11 Prefilled, 0x12 Restore, 0x13 Restored, 0x20 Verify, 0x21 Outcomes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ssd.wire.codec import _SPECS, _items, _wire
+from ssd.wire.features import SEQ_FEATURES
+from ssd.wire.kinds import FLAG, ID, PROPOSAL, SECONDS, SEED, TOKEN, TOKENS, UNIT, Row, _Ints, _List, _tuple
+
+
+@_wire(temperature=SECONDS, top_k=ID, top_p=UNIT, min_p=UNIT, seed=SEED)
+@dataclass(slots=True)
+class SamplingSpec:
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    seed: int | None
+
+
+@_wire(seq=ID, tokens=TOKENS, sampling=_SPECS[SamplingSpec])
+@dataclass(slots=True)
+class PrefillItem:
+    seq: int
+    tokens: list[int]
+    sampling: SamplingSpec
+
+
+@_wire(0x10, items=_items(PrefillItem), features=FLAG)
+@dataclass(slots=True)
+class Prefill:
+    items: list[PrefillItem]
+    features: bool = False   # answer with the prompts' features
+
+
+@_wire(0x11, items=_List(_tuple(ID, TOKEN), "MAX_ITEMS"), elapsed_s=SECONDS, features=SEQ_FEATURES)
+@dataclass(slots=True)
+class Prefilled:
+    items: list[tuple[int, int]]   # (seq, first_token)
+    elapsed_s: float
+    # (seq, start, data): the features each prefill computed (a prefix-cache hit may skip the first); empty unless asked
+    features: list[tuple[int, int, bytes]] = field(default_factory=list)
+
+
+@_wire(0x12, items=_items(PrefillItem))
+@dataclass(slots=True)
+class Restore:
+    items: list[PrefillItem]   # tokens = every committed token: rebuild KV, sample nothing (target failover)
+
+
+@_wire(0x13, seqs=_Ints("MAX_ITEMS", 63), elapsed_s=SECONDS)
+@dataclass(slots=True)
+class Restored:
+    seqs: list[int]
+    elapsed_s: float
+
+
+@_wire(seq=ID, tokens=TOKENS, proposal=PROPOSAL)
+@dataclass(slots=True)
+class VerifyItem:
+    seq: int
+    tokens: list[int]
+    proposal: list[Row] | None   # one row per speculated token; None: greedy
+
+
+@_wire(0x20, batch_id=ID, items=_items(VerifyItem), features=FLAG)
+@dataclass(slots=True)
+class Verify:
+    batch_id: int
+    items: list[VerifyItem]
+    features: bool = False   # answer with the features this verify computed
+
+
+@_wire(seq=ID, accepted=ID, token=TOKEN)
+@dataclass(slots=True)
+class Outcome:
+    seq: int
+    accepted: int
+    token: int
+
+
+@_wire(0x21, batch_id=ID, items=_items(Outcome), elapsed_s=SECONDS, features=SEQ_FEATURES)
+@dataclass(slots=True)
+class Outcomes:
+    batch_id: int
+    items: list[Outcome]
+    elapsed_s: float
+    # (seq, start, data): up to and including each sequence's last accepted token; empty unless asked
+    features: list[tuple[int, int, bytes]] = field(default_factory=list)
