@@ -2,8 +2,8 @@
 
 For each draft count a fresh stack (router, one target pinned to CPU 0, the drafts sharing CPU 1, one torch
 thread each) runs the same prompts in ssd mode; hit rate, late-entry rate and tokens/s come from the router's
-totals (see ssd/bench.py). On a 2-core machine a second draft replica cannot get a core of its own, so this
-measures the pool's mechanics and its contention, not the gain a second GPU would bring.
+totals (see ssd/bench/stack.py). On a 2-core machine a second draft replica cannot get a core of its own, so
+this measures the pool's mechanics and its contention, not the gain a second GPU would bring.
 
     python bench/scale.py [--new-tokens 64] [--prompts 16] [--batches 8,16] [--drafts 1,2]
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ssd.bench import run_mode  # noqa: E402
+from ssd.bench.stack import run_mode  # noqa: E402
 from ssd.cli.launcher import Stack, StackConfig  # noqa: E402
 from ssd.client import Client  # noqa: E402
 from ssd.prompts import PROMPTS_BY_KIND  # noqa: E402

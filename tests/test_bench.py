@@ -1,5 +1,5 @@
 """`ssd bench`'s summary: the best fixed K per mode, and the adaptive setting against it (no processes)."""
-from ssd.bench import markdown, summary_row
+from ssd.bench.stack import markdown, summary_row
 
 
 def run(tok_s, hit=0.4, tpr=1.7):

@@ -15,7 +15,7 @@ def add_parser(sub) -> None:
     b.add_argument("--models-dir", type=Path, default=None)
     b.add_argument("--draft", type=Path, default=None, help="draft model folder (default: the embedded draft)")
     b.add_argument("--out", type=Path, default=Path("bench/results/ssd.json"))
-    from ssd.bench_serve import add_parser as add_serve_parser
+    from ssd.bench.serve import add_parser as add_serve_parser
 
     add_serve_parser(b.add_subparsers(dest="bench_command", required=False,
                                       description="`ssd bench serve`: load benchmark of any OpenAI endpoint"))
@@ -23,10 +23,10 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     if args.bench_command == "serve":
-        from ssd.bench_serve import run as bench_serve
+        from ssd.bench.serve import run as bench_serve
 
         return bench_serve(args)
-    from ssd.bench import bench, markdown
+    from ssd.bench.stack import bench, markdown
 
     result = bench(args.new_tokens, args.prompts, tuple(int(x) for x in args.batches.split(",")), args.k,
                    args.models_dir, args.draft, args.out,

@@ -1,4 +1,4 @@
-"""`ssd bench serve` (ssd/bench_serve.py): measured latencies against a fake OpenAI server that streams known tokens
+"""`ssd bench serve` (ssd/bench/serve.py): measured latencies against a fake OpenAI server that streams known tokens
 with known delays, failure counting, goodput, the Poisson schedule, and one run against the real stack."""
 import asyncio
 import json
@@ -7,7 +7,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ssd import bench_serve as bs
+from ssd.bench import serve as bs
+from ssd.bench.workload import BUILTIN
 
 FIRST_DELAY = 0.3                    # s before the first content chunk (headers and the role chunk go at once)
 CHUNKS = [(1, 0.0), (1, 0.1), (3, 0.2), (1, 0.1)]   # (tokens in the chunk, gap before it)
@@ -166,7 +167,7 @@ def test_ssd_field_gives_speculation(tmp_path):
 
 def test_builtin_datasets():
     for name in ("chat", "code", "math"):
-        assert len(set(bs.BUILTIN[name])) >= 20
+        assert len(set(BUILTIN[name])) >= 20
         assert len(bs.load_dataset(f"builtin:{name}", 50, seed=0)) == 50
 
 

@@ -2,7 +2,7 @@
 
 Contract:
 - `add_parser(subparsers)` adds the `serve` sub-command; `run(args) -> int` runs it (0: every request succeeded,
-  1: some failed, 2: nothing could be run). `python -m ssd.bench_serve ...` takes the same arguments.
+  1: some failed, 2: nothing could be run). `python -m ssd.bench.serve ...` takes the same arguments.
 - Requests go to `{base_url}/chat/completions` or `{base_url}/completions` with `stream: true` and
   `stream_options: {include_usage: true}`. Arrivals: `--request-rate R` requests/s with exponential gaps from
   `random.Random(seed)` (Poisson), or constant 1/R gaps with `--fixed-rate`; `inf` sends all at once;
@@ -21,166 +21,30 @@ Contract:
   the base URL's host root, has `ssd_` series): tokens per round, per-token acceptance and cache hit rate, from
   before/after deltas of /metrics when present, else from the `ssd` fields of the final chunks.
 - The result is printed as a table and written as JSON (`--out`, default bench/results/serve/<timestamp>.json).
+
+This module sends and measures (the streamed requests, the run, the command line); what is sent and when is
+`ssd.bench.workload`, what the figures are is `ssd.bench.report`.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import math
 import os
-import random
-import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import aiohttp
 
-BUILTIN = {
-    "chat": [
-        "What is a good way to start learning to play the guitar?",
-        "Explain the difference between weather and climate to a ten-year-old.",
-        "Write a short thank-you note to a neighbour who watered my plants.",
-        "Give me three ideas for a rainy Sunday afternoon.",
-        "Why do cats purr?",
-        "Summarise the plot of Romeo and Juliet in four sentences.",
-        "How can I improve my sleep without medication?",
-        "Suggest a name for a small bakery that specialises in sourdough.",
-        "What should I pack for a weekend hiking trip in the mountains?",
-        "Describe the taste of a ripe mango to someone who has never had one.",
-        "How do I politely decline a meeting invitation?",
-        "Tell me a fun fact about octopuses.",
-        "What are the pros and cons of working from home?",
-        "Write a haiku about the first snow of winter.",
-        "How do vaccines train the immune system?",
-        "Recommend a routine for a beginner who wants to start running.",
-        "What is the history of the bicycle in a few sentences?",
-        "Explain why the sky is blue.",
-        "Give me tips for keeping a houseplant alive.",
-        "Draft a two-line bio for a freelance photographer.",
-        "What makes a good cup of tea?",
-        "How do I explain a gap in my CV at a job interview?",
-    ],
-    "code": [
-        "Write a Python function that reverses a linked list.",
-        "Explain what a closure is in JavaScript with an example.",
-        "Write a SQL query that finds the second highest salary in a table `employees`.",
-        "How do I read a CSV file with pandas and drop rows with missing values?",
-        "Write a bash one-liner that counts the lines of all .py files in a folder.",
-        "What is the difference between a process and a thread?",
-        "Implement binary search in C.",
-        "Write a Python generator that yields the Fibonacci numbers.",
-        "Explain Big-O notation with the example of bubble sort.",
-        "Write a Rust function that returns the largest element of a slice.",
-        "How does garbage collection work in Java?",
-        "Write a regular expression that matches an IPv4 address.",
-        "Refactor this loop into a list comprehension: for x in xs: if x > 0: out.append(x * 2)",
-        "What does `git rebase -i` do?",
-        "Write a Go HTTP handler that returns JSON {\"ok\": true}.",
-        "Explain the difference between `==` and `is` in Python.",
-        "Write a function that checks whether a string is a palindrome, ignoring case.",
-        "How do I make an asynchronous HTTP request in Python?",
-        "Write a Dockerfile for a small Flask app.",
-        "What is a race condition and how can a mutex prevent it?",
-        "Write a TypeScript interface for a user with a name, an email and an optional age.",
-    ],
-    "math": [
-        "What is 17 times 23? Show your working.",
-        "Solve for x: 3x + 7 = 22.",
-        "What is the derivative of x^3 - 4x + 1?",
-        "A train travels 180 km in 2.5 hours. What is its average speed?",
-        "Is 221 a prime number? Explain.",
-        "What is the sum of the integers from 1 to 100?",
-        "Convert 0.375 to a fraction in lowest terms.",
-        "What is the area of a circle with radius 4 cm?",
-        "Find the greatest common divisor of 84 and 126.",
-        "If a shirt costs 40 euros after a 20% discount, what was the original price?",
-        "What is the probability of rolling two sixes with two dice?",
-        "Integrate 2x with respect to x.",
-        "How many ways can 5 books be arranged on a shelf?",
-        "What is the square root of 1764?",
-        "Simplify (x^2 - 9) / (x - 3).",
-        "A rectangle has a perimeter of 30 and a width of 5. What is its length?",
-        "What is 15% of 360?",
-        "Solve the system: x + y = 10, x - y = 4.",
-        "What is log base 2 of 256?",
-        "Explain why the angles of a triangle add up to 180 degrees.",
-        "What is the next number in the sequence 2, 6, 12, 20, 30?",
-    ],
-}
-GOODPUT_KEYS = ("ttft", "tpot", "e2e")
-N_ERRORS_SHOWN = 3
-
-
-# ---- inputs ---------------------------------------------------------------------------------------
-def load_dataset(spec: str, num: int, seed: int) -> list[dict]:
-    """`num` request items ({"prompt"} or {"messages"}, optional "max_tokens"), cycling through the set in a
-    seeded shuffle. `spec`: "builtin:chat|code|math" or a JSONL file."""
-    if spec.startswith("builtin:"):
-        name = spec.split(":", 1)[1]
-        if name not in BUILTIN:
-            raise ValueError(f"unknown built-in dataset {name!r}; choose from {', '.join(BUILTIN)}")
-        items = [{"prompt": p} for p in BUILTIN[name]]
-    else:
-        items = []
-        for n, line in enumerate(Path(spec).read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            obj = json.loads(line)
-            if not isinstance(obj, dict) or not ("prompt" in obj or "messages" in obj):
-                raise ValueError(f"{spec}:{n}: each line must be an object with `prompt` or `messages`")
-            items.append({k: obj[k] for k in ("prompt", "messages", "max_tokens") if k in obj})
-        if not items:
-            raise ValueError(f"{spec}: no prompts")
-    order = items[:]
-    random.Random(seed).shuffle(order)
-    return [order[i % len(order)] for i in range(num)]
-
-
-def schedule(n: int, rate: float, seed: int, fixed: bool = False) -> list[float]:
-    """Send offsets (s from the start) of `n` requests: exponential gaps of mean 1/rate from a seeded RNG
-    (Poisson arrivals), constant 1/rate gaps with `fixed`, all 0 for an infinite rate. The first is at 0."""
-    if math.isinf(rate):
-        return [0.0] * n
-    if rate <= 0:
-        raise ValueError("the request rate must be > 0 (or inf)")
-    rng, t, out = random.Random(seed), 0.0, []
-    for i in range(n):
-        out.append(t)
-        t += 1.0 / rate if fixed else rng.expovariate(rate)
-    return out
-
-
-def parse_goodput(specs: list[str] | None) -> dict[str, float]:
-    """["ttft:500", "tpot:50"] -> {"ttft": 500.0, "tpot": 50.0} (ms)."""
-    out = {}
-    for s in specs or []:
-        key, _, value = s.partition(":")
-        if key not in GOODPUT_KEYS or not value:
-            raise ValueError(f"bad --goodput {s!r}: use KEY:MS with KEY one of {', '.join(GOODPUT_KEYS)}")
-        out[key] = float(value)
-    return out
+from ssd.bench.report import (Outcome, parse_metrics, speculation_from_fields, speculation_from_metrics, summarize,
+                              table)
+from ssd.bench.workload import load_dataset, parse_goodput, schedule
 
 
 # ---- one request ----------------------------------------------------------------------------------
-@dataclass
-class Outcome:
-    ok: bool = False
-    error: str = ""
-    ttft: float = 0.0                 # s
-    e2e: float = 0.0                  # s
-    output_tokens: int = 0
-    itl: list[float] = field(default_factory=list)
-    ssd: dict | None = None           # the final chunk's `ssd` field, if any
-
-    @property
-    def tpot(self) -> float | None:
-        return (self.e2e - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
-
-
 def split_tokens(chunks: list[tuple[float, str, int | None]], total: int | None) -> list[int]:
     """Tokens per content chunk ((time, text, logprob count or None)) under the module's rule."""
     if all(c[2] is not None for c in chunks):
@@ -265,52 +129,6 @@ async def request_one(session: aiohttp.ClientSession, url: str, body: dict, head
     return out
 
 
-# ---- /metrics -------------------------------------------------------------------------------------
-_SAMPLE = re.compile(r'^(ssd_[a-zA-Z0-9_]+)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)')
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {"name{labels}": value} for ssd_* series only."""
-    out = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m:
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
-
-
-def _sum(metrics: dict[str, float], name: str, label: str | None = None) -> float:
-    total = 0.0
-    for key, v in metrics.items():
-        base = key.split("{", 1)[0]
-        if base == name and (label is None or label in key):
-            total += v
-    return total
-
-
-def speculation_from_metrics(before: dict[str, float], after: dict[str, float]) -> dict:
-    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    rounds = _sum(d, "ssd_tokens_per_round_count")
-    drafts = _sum(d, "ssd_spec_draft_tokens_total")
-    lookups = _sum(d, "ssd_cache_lookups_total") - _sum(d, "ssd_cache_lookups_total", 'result="forced"')
-    hits = _sum(d, "ssd_cache_lookups_total", 'result="hit"')
-    return {"source": "metrics", "rounds": int(rounds),
-            "tokens_per_round": _sum(d, "ssd_tokens_per_round_sum") / rounds if rounds else None,
-            "acceptance": _sum(d, "ssd_spec_accepted_tokens_total") / drafts if drafts else None,
-            "cache_hit_rate": hits / lookups if lookups else None, "cache_lookups": int(lookups)}
-
-
-def speculation_from_fields(fields: list[dict]) -> dict:
-    rounds = sum(f.get("rounds", 0) for f in fields)
-    committed = sum(f.get("rounds", 0) * f.get("tokens_per_round", 0.0) for f in fields)
-    hits = sum(f.get("cache_hits", 0) for f in fields)
-    lookups = hits + sum(f.get("cache_misses", 0) for f in fields)
-    acc = [a for f in fields for a in f.get("acceptance_per_position") or []]
-    return {"source": "ssd field", "rounds": rounds, "tokens_per_round": committed / rounds if rounds else None,
-            "acceptance": sum(acc) / len(acc) if acc else None,
-            "cache_hit_rate": hits / lookups if lookups else None, "cache_lookups": lookups}
-
-
 async def fetch_metrics(session: aiohttp.ClientSession, base_url: str, headers: dict) -> dict[str, float] | None:
     parts = urlsplit(base_url)
     try:
@@ -324,42 +142,6 @@ async def fetch_metrics(session: aiohttp.ClientSession, base_url: str, headers: 
 
 
 # ---- the run --------------------------------------------------------------------------------------
-def _stats(values: list[float], scale: float = 1000.0) -> dict:
-    if not values:
-        return {"mean": None, "median": None, "p90": None, "p99": None}
-    v = sorted(values)
-
-    def pct(p: float) -> float:
-        i = (len(v) - 1) * p / 100
-        lo, hi = math.floor(i), math.ceil(i)
-        return (v[lo] + (v[hi] - v[lo]) * (i - lo)) * scale
-    return {"mean": sum(v) / len(v) * scale, "median": pct(50), "p90": pct(90), "p99": pct(99)}
-
-
-def meets(o: Outcome, slo: dict[str, float]) -> bool:
-    if not o.ok:
-        return False
-    got = {"ttft": o.ttft * 1000, "e2e": o.e2e * 1000, "tpot": (o.tpot or 0.0) * 1000}
-    return all(got[k] <= bound for k, bound in slo.items())
-
-
-def summarize(outcomes: list[Outcome], duration: float, slo: dict[str, float]) -> dict:
-    ok = [o for o in outcomes if o.ok]
-    errors = [o.error for o in outcomes if not o.ok]
-    out_tokens = sum(o.output_tokens for o in ok)
-    return {
-        "completed": len(ok), "failed": len(errors), "errors": errors[:N_ERRORS_SHOWN], "duration_s": duration,
-        "output_tokens": out_tokens,
-        "request_throughput": len(ok) / duration if duration > 0 else None,
-        "output_throughput": out_tokens / duration if duration > 0 else None,
-        "ttft_ms": _stats([o.ttft for o in ok]), "tpot_ms": _stats([o.tpot for o in ok if o.tpot is not None]),
-        "itl_ms": _stats([g for o in ok for g in o.itl]), "e2e_ms": _stats([o.e2e for o in ok]),
-        "goodput": {"slo_ms": slo, "met": sum(meets(o, slo) for o in ok),
-                    "requests_per_s": sum(meets(o, slo) for o in ok) / duration if duration > 0 else None}
-        if slo else None,
-    }
-
-
 async def resolve_model(session: aiohttp.ClientSession, base_url: str, headers: dict) -> str:
     async with session.get(f"{base_url}/models", headers=headers) as resp:
         resp.raise_for_status()
@@ -433,33 +215,6 @@ async def benchmark(args, progress: bool = True) -> dict:
         result["speculation"] = None
     result["requests"] = [{k: v for k, v in asdict(o).items() if k != "itl"} for o in outcomes]
     return result
-
-
-def _fmt(v, digits: int = 2) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
-
-
-def table(r: dict) -> str:
-    lines = [f"{'model':<28}{r['model']}", f"{'requests ok / failed':<28}{r['completed']} / {r['failed']}",
-             f"{'duration (s)':<28}{_fmt(r['duration_s'])}",
-             f"{'request throughput (req/s)':<28}{_fmt(r['request_throughput'])}",
-             f"{'output throughput (tok/s)':<28}{_fmt(r['output_throughput'])}"]
-    if r.get("goodput"):
-        slo = " ".join(f"{k}<={v:g}ms" for k, v in r["goodput"]["slo_ms"].items())
-        lines.append(f"{'goodput (req/s)':<28}{_fmt(r['goodput']['requests_per_s'])}  ({slo}, "
-                     f"{r['goodput']['met']} met)")
-    lines += ["", f"{'metric (ms)':<12}{'mean':>10}{'median':>10}{'p90':>10}{'p99':>10}"]
-    for name in ("ttft", "tpot", "itl", "e2e"):
-        s = r[f"{name}_ms"]
-        lines.append(f"{name.upper():<12}" + "".join(f"{_fmt(s[k]):>10}" for k in ("mean", "median", "p90", "p99")))
-    spec = r.get("speculation")
-    if spec:
-        lines += ["", f"speculation (from {spec['source']}): tokens/round {_fmt(spec['tokens_per_round'])}, "
-                  f"acceptance {_fmt(spec['acceptance'], 3)}, cache hit rate {_fmt(spec['cache_hit_rate'], 3)} "
-                  f"over {spec['cache_lookups']} lookups, {spec['rounds']} rounds"]
-    for e in r["errors"]:
-        lines.append(f"error: {e}")
-    return "\n".join(lines)
 
 
 # ---- command line ---------------------------------------------------------------------------------
