@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from ssd.journal import Fenced, JournalError, JournalUnavailable, RequestJournal, pack, unpack
+from services.router.journal import Fenced, JournalError, JournalUnavailable, RequestJournal, pack, unpack
 from tests.redis_server import RedisServer, needs_redis
 
 pytestmark = needs_redis

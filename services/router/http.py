@@ -218,8 +218,9 @@ def _event(obj) -> bytes:
 class HttpServer:
     def __init__(self, frontend: Frontend, model_name: str, metrics_render: Callable[[], tuple[bytes, str]] | None,
                  host: str = "127.0.0.1", port: int = 8000, api_keys=None, tls: tuple | None = None):
-        """`api_keys` (ssd.auth.ApiKeys): /v1/* needs `Authorization: Bearer <key>` (401 otherwise; /health and
-        /metrics stay open for probes and scrapers). `tls`: (certificate chain file, key file) to serve HTTPS."""
+        """`api_keys` (services.router.auth.ApiKeys): /v1/* needs `Authorization: Bearer <key>` (401 otherwise;
+        /health and /metrics stay open for probes and scrapers). `tls`: (certificate chain file, key file) to serve
+        HTTPS."""
         self.frontend, self.core, self.model_name = frontend, frontend.core, model_name
         self.api_keys, self.tls = api_keys, tls
         self.metrics_render, self.host, self.port = metrics_render, host, port

@@ -20,8 +20,8 @@ import grpc
 
 from ssd.control import ControlServer
 from ssd.curve import client_keys
-from ssd.auth import ApiKeyError, ApiKeys
-from ssd.journal import Fenced, JournalError, JournalUnavailable, RequestJournal, fingerprint
+from services.router.auth import ApiKeyError, ApiKeys
+from services.router.journal import Fenced, JournalError, JournalUnavailable, RequestJournal, fingerprint
 from ssd.params import FinishReason
 from ssd.pb import generation_pb2 as pb
 from ssd.pb import generation_pb2_grpc as pb_grpc

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ssd.auth import ApiKeyError, ApiKeys, bearer, read_keys
+from services.router.auth import ApiKeyError, ApiKeys, bearer, read_keys
 from ssd.cli.launcher import Stack, StackConfig
 from ssd.client import AuthenticationError, Client, Delta, UnavailableError
 

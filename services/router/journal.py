@@ -30,7 +30,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ssd.journal")
 
 
 class JournalError(RuntimeError):

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ssd.auth")
 
 
 class ApiKeyError(ValueError):
