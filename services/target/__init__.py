@@ -1,0 +1,1 @@
+"""The target service: `service.py` (settings and the target role the worker shell runs)."""
