@@ -1,4 +1,4 @@
-"""Malformed frames sent to a real draft process (`ssd draft`, as ssd/launcher.py starts it): each is answered
+"""Malformed frames sent to a real draft process (`ssd draft`, as ssd/cli/launcher.py starts it): each is answered
 with an `Error` (`bad_frame` for what does not decode, `unexpected_message` for a valid message the draft never
 takes), logged, and changes nothing: the draft then serves the same rounds exactly as it did before them.
 (tests/services/test_stack.py sends the same frames to the target.)
