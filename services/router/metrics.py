@@ -10,6 +10,10 @@ Contract:
   construction, so counters read 0 (not "absent") before the first event and `rate()` works from the start.
   Positions `1..K` are created the first time a round proposes that many tokens; K is bounded by the config.
 - Base units: seconds for time, plain counts otherwise; counters end in `_total`.
+- Request-level series carry `model_name` (the served model's name, fixed per router), as vLLM's do; the
+  speculation and step series describe the router's workers and carry none.
+- A request's time splits as vLLM's does (names ours): queue (arrival to admission), prefill (admission to its
+  first token), decode (first token to the end); its prompt and generation lengths are histograms too.
 - No torch, no model: importing this module pulls in only prometheus_client.
 
 Inter-token latency: the router streams tokens in bursts (a round commits up to K+1 at once). A burst of `n`
@@ -42,6 +46,8 @@ STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0)
 ITL_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+LENGTH_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 TOKENS_PER_ROUND_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -62,35 +68,52 @@ def _non_negative(name: str, value: float) -> None:
 class RouterMetrics(RoundMetrics):
     """The router's metric set in its own registry. See the module docstring for the contract."""
 
-    def __init__(self, mode_labels: tuple[str, ...] = ("ar", "sd", "ssd")):
+    def __init__(self, mode_labels: tuple[str, ...] = ("ar", "sd", "ssd"), model_name: str = ""):
         self.modes = tuple(mode_labels)
+        self.model = model_name
         self.registry = r = CollectorRegistry()
+        m = ["model_name"]
 
         # Requests.
         self.requests_started = Counter(
             "ssd_requests_started_total", "Requests admitted by the router, by decoding mode.",
-            ["mode"], registry=r)
+            m + ["mode"], registry=r)
         self.requests = Counter(
             "ssd_requests_total", "Requests finished, by decoding mode and finish reason (outcome).",
-            ["mode", "outcome"], registry=r)
+            m + ["mode", "outcome"], registry=r)
         self.running = Gauge(
             "ssd_requests_running", "Requests currently decoding (admitted and not finished).", registry=r)
         self.queued = Gauge(
             "ssd_requests_queued", "Requests waiting for admission.", registry=r)
         self.prompt_tokens = Counter(
-            "ssd_prompt_tokens_total", "Prompt tokens of finished requests.", registry=r)
+            "ssd_prompt_tokens_total", "Prompt tokens of finished requests.", m, registry=r)
         self.generation_tokens = Counter(
-            "ssd_generation_tokens_total", "Generated (completion) tokens of finished requests.", registry=r)
+            "ssd_generation_tokens_total", "Generated (completion) tokens of finished requests.", m, registry=r)
         self.ttft = Histogram(
-            "ssd_time_to_first_token_seconds", "Time from admission to the first generated token.",
-            registry=r, buckets=TTFT_BUCKETS)
+            "ssd_time_to_first_token_seconds", "Time from arrival to the first generated token.",
+            m, registry=r, buckets=TTFT_BUCKETS)
         self.itl = Histogram(
             "ssd_inter_token_latency_seconds",
             "Time per generated token after the first; a burst of n tokens counts n times interval/n.",
-            registry=r, buckets=ITL_BUCKETS)
+            m, registry=r, buckets=ITL_BUCKETS)
         self.e2e = Histogram(
-            "ssd_e2e_request_latency_seconds", "Time from admission to the end of the request.",
-            registry=r, buckets=E2E_BUCKETS)
+            "ssd_e2e_request_latency_seconds", "Time from arrival to the end of the request.",
+            m, registry=r, buckets=E2E_BUCKETS)
+        self.queue_time = Histogram(
+            "ssd_request_queue_time_seconds", "Time a request waited for admission (arrival to prefill sent).",
+            m, registry=r, buckets=PHASE_BUCKETS)
+        self.prefill_time = Histogram(
+            "ssd_request_prefill_time_seconds", "Time from admission to the request's first token.",
+            m, registry=r, buckets=PHASE_BUCKETS)
+        self.decode_time = Histogram(
+            "ssd_request_decode_time_seconds", "Time from the request's first token to its end.",
+            m, registry=r, buckets=PHASE_BUCKETS)
+        self.prompt_length = Histogram(
+            "ssd_request_prompt_tokens", "Prompt length of finished requests, in tokens.",
+            m, registry=r, buckets=LENGTH_BUCKETS)
+        self.generation_length = Histogram(
+            "ssd_request_generation_tokens", "Generated length of finished requests, in tokens.",
+            m, registry=r, buckets=LENGTH_BUCKETS)
 
         # Speculation.
         self.tokens_per_round = Histogram(
@@ -137,12 +160,15 @@ class RouterMetrics(RoundMetrics):
             "ssd_jit_seconds", "Just-in-time draft speculation after a cache miss, as seen by the router.",
             registry=r, buckets=STEP_BUCKETS)
 
+        for h in (self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e, self.queue_time,
+                  self.prefill_time, self.decode_time, self.prompt_length, self.generation_length):
+            h.labels(self.model)
         for mode in self.modes:
-            self.requests_started.labels(mode)
+            self.requests_started.labels(self.model, mode)
             self.rounds.labels(mode)
             self.tokens_per_round.labels(mode)
             for outcome in OUTCOMES:
-                self.requests.labels(mode, outcome)
+                self.requests.labels(self.model, mode, outcome)
         for result in LOOKUP_RESULTS:
             self.cache_lookups.labels(result)
         for kind in BACKUP_KINDS:
@@ -152,29 +178,38 @@ class RouterMetrics(RoundMetrics):
     # Requests ------------------------------------------------------------------------------------------
 
     def request_started(self, mode: str) -> None:
-        self.requests_started.labels(_label(mode, self.modes, "mode")).inc()
+        self.requests_started.labels(self.model, _label(mode, self.modes, "mode")).inc()
 
     def request_finished(self, mode: str, outcome: str, prompt_tokens: int, completion_tokens: int,
-                         ttft_s: float | None, e2e_s: float) -> None:
-        """One request ended. `ttft_s` is None when it ended before its first token (not observed)."""
+                         ttft_s: float | None, e2e_s: float, queue_s: float | None = None) -> None:
+        """One request ended. `ttft_s` is None when it ended before its first token, `queue_s` when it ended
+        before admission (neither is observed then); prefill and decode time follow from them."""
         labels = _label(mode, self.modes, "mode"), _label(outcome, OUTCOMES, "outcome")
         _non_negative("prompt_tokens", prompt_tokens)
         _non_negative("completion_tokens", completion_tokens)
-        self.requests.labels(*labels).inc()
-        self.prompt_tokens.inc(prompt_tokens)
-        self.generation_tokens.inc(completion_tokens)
+        model = self.model
+        self.requests.labels(model, *labels).inc()
+        self.prompt_tokens.labels(model).inc(prompt_tokens)
+        self.generation_tokens.labels(model).inc(completion_tokens)
+        self.prompt_length.labels(model).observe(prompt_tokens)
+        self.generation_length.labels(model).observe(completion_tokens)
+        if queue_s is not None:
+            self.queue_time.labels(model).observe(queue_s)
         if ttft_s is not None:
-            self.ttft.observe(ttft_s)
-        self.e2e.observe(e2e_s)
+            self.ttft.labels(model).observe(ttft_s)
+            self.decode_time.labels(model).observe(max(0.0, e2e_s - ttft_s))
+            if queue_s is not None:
+                self.prefill_time.labels(model).observe(max(0.0, ttft_s - queue_s))
+        self.e2e.labels(model).observe(e2e_s)
 
     def tokens_emitted(self, n: int, interval_s: float) -> None:
         """`n` tokens of one request arrived together, `interval_s` after its previous emission."""
         _non_negative("n", n)
         if n == 0:
             return
-        per_token = interval_s / n
+        per_token, itl = interval_s / n, self.itl.labels(self.model)
         for _ in range(n):
-            self.itl.observe(per_token)
+            itl.observe(per_token)
 
     # Speculation ---------------------------------------------------------------------------------------
 

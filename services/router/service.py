@@ -160,7 +160,7 @@ def run(cfg: RouterConfig) -> int:
         log.error("%s", e)
         return 2
     static = (list(cfg.targets), list(cfg.drafts)) if discovery is None else ([], [])
-    metrics = RouterMetrics()
+    metrics = RouterMetrics(model_name=folder.name)
     try:
         loop = RouterLoop(CoreConfig(cfg.mode, cfg.backup, cfg.max_batch, cfg.draft_top_k, cfg.saguaro_c,
                                      cfg.ready_timeout, cfg.adaptive, cfg.probe_every,

@@ -127,6 +127,7 @@ class RoundCore:
         self.metrics.set_active(len(self.active) + len(admit))
         for req in admit:
             self.metrics.request_started(req.mode)
+            req.admitted_at = now
             self.active[req.seq] = req
         self.send_prefill(admit, wire.Prefill)
 
@@ -331,8 +332,9 @@ class RoundCore:
 
     def _record_end(self, req: Request, reason: FinishReason) -> None:
         ttft = None if req.first_token_at is None else req.first_token_at - req.arrival
+        queue = None if req.admitted_at is None else req.admitted_at - req.arrival
         self.metrics.request_finished(req.mode, reason.value, len(req.prompt), len(req.output), ttft,
-                                      self.clock() - req.arrival)
+                                      self.clock() - req.arrival, queue)
 
     def rebuild_on_target(self, req: Request, problem: str) -> None:
         """What the target holds for the sequence is in doubt: rebuild it there from the committed tokens, or fail

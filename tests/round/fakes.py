@@ -53,6 +53,11 @@ class RecordingMetrics(RoundMetrics):
     def __init__(self):
         self.feature_rows_sent = 0
         self.drafts_alive: list[int] = []
+        self.finished: list[dict] = []
+
+    def request_finished(self, mode, outcome, prompt_tokens, completion_tokens, ttft_s, e2e_s, queue_s=None):
+        self.finished.append(dict(mode=mode, outcome=outcome, prompt_tokens=prompt_tokens,
+                                  completion_tokens=completion_tokens, ttft_s=ttft_s, e2e_s=e2e_s, queue_s=queue_s))
 
     def feature_rows(self, n: int) -> None:
         self.feature_rows_sent += n

@@ -260,3 +260,29 @@ def test_each_draft_round_carries_the_online_fanout_and_lookups_feed_it(adaptive
         assert policy._lookups == {fan[0]: 1.0} and policy._misses == {fan[0]: 0.0}   # a hit with F_0 forks
     finally:
         core.shutdown("the test is over")
+
+
+def test_a_requests_time_splits_into_queue_prefill_and_decode_as_the_metrics_report():
+    """Arrival -> admission (queue) -> first token (prefill) -> end (decode), on the core's clock; a request that
+    never got in reports no queue time."""
+    clock = Clock()
+    rig = Rig(CoreConfig(mode="ar", adaptive=False, max_batch=1), clock=clock)
+    try:
+        first = rig.core.submit("a", [5, 6, 7], SamplingParams(max_tokens=2), mode="ar")
+        second = rig.core.submit("b", [5, 6], SamplingParams(max_tokens=2), mode="ar")
+        clock.advance(0.25)
+        rig.core.take_new()              # a is admitted, b waits (max_batch 1)
+        clock.advance(0.5)
+        prefilled(rig, [first])
+        clock.advance(1.0)
+        rig.core.dispatch()
+        (verify,) = rig.take(wire.Verify)
+        answer(rig, verify)              # its second token: max_tokens reached
+        rig.core.abort(second)
+        rig.core.take_new()
+        done_a, done_b = rig.metrics.finished[:2]
+        assert done_a["queue_s"] == 0.25 and done_a["ttft_s"] == 0.75 and done_a["e2e_s"] == 1.75
+        assert done_a["outcome"] == "length" and done_a["completion_tokens"] == 2
+        assert done_b["queue_s"] is None and done_b["ttft_s"] is None and done_b["outcome"] == "abort"
+    finally:
+        rig.core.shutdown("the test is over")

@@ -140,14 +140,16 @@ def test_openai_package_against_the_real_stack(stack, chat_prompts, ar_reference
 
     from ssd.tokenizer import Tokenizer
 
-    def requests_total():
-        text = urllib.request.urlopen(f"http://{stack.http_address}/metrics", timeout=10).read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("ssd_requests_total{"))
-
-    before = requests_total()
     client = openai.OpenAI(base_url=f"http://{stack.http_address}/v1", api_key="unused")
     model = client.models.list().data[0].id
+
+    def requests_total():
+        text = urllib.request.urlopen(f"http://{stack.http_address}/metrics", timeout=10).read().decode()
+        lines = [line for line in text.splitlines() if line.startswith("ssd_requests_total{")]
+        assert lines and all(f'model_name="{model}"' in line for line in lines)   # request series name the model
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    before = requests_total()
     done = client.completions.create(model=model, prompt=chat_prompts[0], max_tokens=16, temperature=0,
                                      extra_body={"ignore_eos": True})
     assert done.usage.completion_tokens == 16

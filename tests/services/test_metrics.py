@@ -12,6 +12,7 @@ from ssd.params import FinishReason
 from ssd.spec.backup import BackupPolicy
 
 REPO = Path(__file__).resolve().parents[2]
+MODEL = "smollm2-135m-instruct"   # the request-level series carry the served model's name
 
 
 def samples(metrics: RouterMetrics) -> dict[tuple[str, tuple], float]:
@@ -31,8 +32,8 @@ def run_workload(m: RouterMetrics) -> None:
     m.request_started("ssd")
     m.request_started("ssd")
     m.request_started("ar")
-    m.request_finished("ssd", "length", prompt_tokens=10, completion_tokens=32, ttft_s=0.25, e2e_s=2.0)
-    m.request_finished("ssd", "length", prompt_tokens=6, completion_tokens=16, ttft_s=0.5, e2e_s=1.0)
+    m.request_finished("ssd", "length", prompt_tokens=10, completion_tokens=32, ttft_s=0.25, e2e_s=2.0, queue_s=0.125)
+    m.request_finished("ssd", "length", prompt_tokens=6, completion_tokens=16, ttft_s=0.5, e2e_s=1.0, queue_s=0.0)
     m.request_finished("ar", "abort", prompt_tokens=4, completion_tokens=0, ttft_s=None, e2e_s=0.125)
     m.tokens_emitted(3, 0.75)   # 3 x 0.25
     m.tokens_emitted(1, 0.5)    # 1 x 0.5
@@ -56,31 +57,42 @@ def run_workload(m: RouterMetrics) -> None:
 
 
 def test_render_matches_synthetic_workload_exactly():
-    m = RouterMetrics()
+    m = RouterMetrics(model_name=MODEL)
     run_workload(m)
     s = samples(m)
 
-    assert value(s, "ssd_requests_started_total", mode="ssd") == 2
-    assert value(s, "ssd_requests_started_total", mode="ar") == 1
-    assert value(s, "ssd_requests_total", mode="ssd", outcome="length") == 2
-    assert value(s, "ssd_requests_total", mode="ar", outcome="abort") == 1
+    assert value(s, "ssd_requests_started_total", model_name=MODEL, mode="ssd") == 2
+    assert value(s, "ssd_requests_started_total", model_name=MODEL, mode="ar") == 1
+    assert value(s, "ssd_requests_total", model_name=MODEL, mode="ssd", outcome="length") == 2
+    assert value(s, "ssd_requests_total", model_name=MODEL, mode="ar", outcome="abort") == 1
     assert sum(v for (name, _), v in s.items() if name == "ssd_requests_total") == 3
-    assert value(s, "ssd_prompt_tokens_total") == 20
-    assert value(s, "ssd_generation_tokens_total") == 48
+    assert value(s, "ssd_prompt_tokens_total", model_name=MODEL) == 20
+    assert value(s, "ssd_generation_tokens_total", model_name=MODEL) == 48
     assert value(s, "ssd_requests_queued") == 2
     assert value(s, "ssd_requests_running") == 3
     assert value(s, "ssd_drafts_alive") == 1
 
     # The aborted request had no first token: TTFT counts 2, e2e counts 3.
-    assert value(s, "ssd_time_to_first_token_seconds_count") == 2
-    assert value(s, "ssd_time_to_first_token_seconds_sum") == 0.75
-    assert value(s, "ssd_e2e_request_latency_seconds_count") == 3
-    assert value(s, "ssd_e2e_request_latency_seconds_sum") == 3.125
+    assert value(s, "ssd_time_to_first_token_seconds_count", model_name=MODEL) == 2
+    assert value(s, "ssd_time_to_first_token_seconds_sum", model_name=MODEL) == 0.75
+    assert value(s, "ssd_e2e_request_latency_seconds_count", model_name=MODEL) == 3
+    assert value(s, "ssd_e2e_request_latency_seconds_sum", model_name=MODEL) == 3.125
+
+    # The split: queue (arrival to admission), prefill (admission to first token), decode (first token to end).
+    assert value(s, "ssd_request_queue_time_seconds_count", model_name=MODEL) == 2
+    assert value(s, "ssd_request_queue_time_seconds_sum", model_name=MODEL) == 0.125
+    assert value(s, "ssd_request_prefill_time_seconds_sum", model_name=MODEL) == 0.125 + 0.5
+    assert value(s, "ssd_request_decode_time_seconds_count", model_name=MODEL) == 2
+    assert value(s, "ssd_request_decode_time_seconds_sum", model_name=MODEL) == 1.75 + 0.5
+    assert value(s, "ssd_request_prompt_tokens_sum", model_name=MODEL) == 20
+    assert value(s, "ssd_request_prompt_tokens_bucket", model_name=MODEL, le="8.0") == 2
+    assert value(s, "ssd_request_generation_tokens_count", model_name=MODEL) == 3
+    assert value(s, "ssd_request_generation_tokens_bucket", model_name=MODEL, le="16.0") == 2
 
     # Bursts are split evenly: 8 observations summing to the 1.75 s of streaming; the four 0.125 s fall <= 0.2.
-    assert value(s, "ssd_inter_token_latency_seconds_count") == 8
-    assert value(s, "ssd_inter_token_latency_seconds_sum") == 1.75
-    assert value(s, "ssd_inter_token_latency_seconds_bucket", le="0.2") == 4
+    assert value(s, "ssd_inter_token_latency_seconds_count", model_name=MODEL) == 8
+    assert value(s, "ssd_inter_token_latency_seconds_sum", model_name=MODEL) == 1.75
+    assert value(s, "ssd_inter_token_latency_seconds_bucket", model_name=MODEL, le="0.2") == 4
 
     assert value(s, "ssd_spec_rounds_total", mode="ssd") == 4
     assert value(s, "ssd_spec_rounds_total", mode="sd") == 1
@@ -116,18 +128,18 @@ def test_render_matches_synthetic_workload_exactly():
 
 
 def test_two_instances_do_not_share_values():
-    a, b = RouterMetrics(), RouterMetrics()
+    a, b = RouterMetrics(model_name=MODEL), RouterMetrics(model_name=MODEL)
     run_workload(a)
     b.cache_lookup("hit")
     sa, sb = samples(a), samples(b)
     assert value(sa, "ssd_cache_lookups_total", result="hit") == 3
     assert value(sb, "ssd_cache_lookups_total", result="hit") == 1
-    assert value(sb, "ssd_requests_total", mode="ssd", outcome="length") == 0
-    assert value(sb, "ssd_inter_token_latency_seconds_count") == 0
+    assert value(sb, "ssd_requests_total", model_name=MODEL, mode="ssd", outcome="length") == 0
+    assert value(sb, "ssd_inter_token_latency_seconds_count", model_name=MODEL) == 0
 
 
 def test_every_metric_is_named_ssd_and_counters_end_in_total():
-    m = RouterMetrics()
+    m = RouterMetrics(model_name=MODEL)
     run_workload(m)
     body, content_type = m.render()
     assert content_type.startswith("text/plain")
@@ -148,15 +160,15 @@ def test_every_metric_is_named_ssd_and_counters_end_in_total():
 
 
 def test_labelled_series_read_zero_before_any_event():
-    s = samples(RouterMetrics(mode_labels=("ssd",)))
-    assert value(s, "ssd_requests_total", mode="ssd", outcome="time_limit") == 0
+    s = samples(RouterMetrics(mode_labels=("ssd",), model_name=MODEL))
+    assert value(s, "ssd_requests_total", model_name=MODEL, mode="ssd", outcome="time_limit") == 0
     assert value(s, "ssd_cache_lookups_total", result="stale") == 0
     assert value(s, "ssd_backups_total", kind="none") == 0
     assert not any(dict(labels).get("mode") == "ar" for _, labels in s)
 
 
 def test_unknown_label_values_are_rejected():
-    m = RouterMetrics(mode_labels=("ssd",))
+    m = RouterMetrics(mode_labels=("ssd",), model_name=MODEL)
     with pytest.raises(ValueError, match="mode"):
         m.request_started("ar")
     with pytest.raises(ValueError, match="outcome"):
@@ -171,16 +183,16 @@ def test_unknown_label_values_are_rejected():
 
 
 def test_str_enums_from_the_engine_are_accepted_as_their_values():
-    m = RouterMetrics()
+    m = RouterMetrics(model_name=MODEL)
     m.request_finished("sd", FinishReason.STOP_STRING, 3, 2, 0.1, 0.2)
     m.backup_used(BackupPolicy.NGRAM)
     s = samples(m)
-    assert value(s, "ssd_requests_total", mode="sd", outcome="stop_string") == 1
+    assert value(s, "ssd_requests_total", model_name=MODEL, mode="sd", outcome="stop_string") == 1
     assert value(s, "ssd_backups_total", kind="ngram") == 1
 
 
 def test_hooks_on_one_thread_and_render_on_others_lose_no_counts():
-    m = RouterMetrics()
+    m = RouterMetrics(model_name=MODEL)
     stop = threading.Event()
 
     def scrape():
