@@ -13,7 +13,8 @@ ZeroMQ; the in-process engine (ssd/engine/speculative.py) carries it over functi
 handlers the services run, so tests and benchmarks run the round that ships.
 
 Modules: state (Request, its phase and round, the config), pool (the workers and who holds what), planner
-(adaptive K and fan-out), batches (verify hold, JIT linger, batch ids), features (target features on their way
+(adaptive K and fan-out), dispatch (what is ready goes out, in batches), batches (verify hold, JIT linger,
+batch ids), features (target features on their way
 to a draft), replies (checks of what workers answer), metrics (the hooks a shell may implement), core.
 """
 from ssd.round.core import RoundCore

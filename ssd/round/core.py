@@ -20,7 +20,8 @@ from ssd import wire
 from ssd.engine.stats import SpecStats
 from ssd.params import FinishReason, SamplingParams, finish_reason, speculation_room
 from ssd.round.batches import BatchLedger
-from ssd.round.features import FeatureLedger, runs
+from ssd.round.dispatch import Dispatcher
+from ssd.round.features import FeatureLedger
 from ssd.round.intake import Intake
 from ssd.round.metrics import RoundMetrics
 from ssd.round.planner import SpeculationPlanner
@@ -57,10 +58,10 @@ class RoundCore:
         self.planner = SpeculationPlanner(0, False, False, cfg.probe_every, self.timings, self.metrics, clock)
         self.replies = Replies(self)
         self.members = Membership(self)
+        self.dispatcher = Dispatcher(self)
         self.waiting: list[Request] = []
         self.active: dict[int, Request] = {}
         self.finished = 0
-        self._jit_pending: list[Request] = []
 
     # ---- set-up and the shell's calls -----------------------------------------------------------
     def start(self) -> None:
@@ -225,7 +226,7 @@ class RoundCore:
             kind = BackupPolicy.NGRAM if req.mode != "ar" else BackupPolicy.NONE
         if kind is BackupPolicy.JIT:
             req.phase = Phase.JIT
-            self._jit_pending.append(req)
+            self.dispatcher.jit_pending.append(req)
         else:
             tokens = ngram_propose(req.tokens, room) if kind is BackupPolicy.NGRAM and room else []
             kind = BackupPolicy.NGRAM if tokens else BackupPolicy.NONE
@@ -242,58 +243,9 @@ class RoundCore:
         req.draft_sent = len(tokens)
         return out
 
-    # ---- sending what is ready ------------------------------------------------------------------
     def dispatch(self) -> None:
-        if self._jit_pending:
-            self._send_jits()
-        ready = [r for r in self.active.values() if r.phase is Phase.READY and not self.batches.busy(r.target)]
-        if ready and self.cfg.jit_linger > 0:
-            jit_targets = {r.target for r in self.active.values() if r.phase is Phase.JIT}
-            waiting = {t for t in {r.target for r in ready} if t in jit_targets and self.batches.linger(t)}
-            ready = [r for r in ready if r.target not in waiting]
-        if not ready:
-            return
-        self.planner.adapt(len(self.active))
-        verifies: dict = {}
-        rounds: dict = {}
-        for r in ready:
-            r.phase = Phase.VERIFY
-            verifies.setdefault(r.target, []).append(r)
-            rnd = r.round
-            rnd.drafted = r.draft is not None and r.draft.alive and self.planner.drafts_next_round(r)
-            if rnd.drafted:
-                rounds.setdefault(r.draft, []).append(
-                    wire.DraftRoundItem(r.seq, rnd.number + 1, self.delta(r), rnd.tokens, self.features.take(r)))
-        for t, reqs in verifies.items():
-            batch_id = self.batches.verify_sent(t, sum(len(r.round.tokens) + 1 for r in reqs))
-            for r in reqs:
-                r.round.verify_batch = batch_id
-            items = [wire.VerifyItem(r.seq, r.round.tokens, r.round.proposal) for r in reqs]
-            t.send(wire.Verify(batch_id, items, any(self.features.wanted(r) for r in reqs)))
-        for d, items in rounds.items():
-            fanout = self.planner.round_fanout(d)
-            for it in items:
-                self.active[it.seq].round.fanout = fanout or None
-            for run in runs(items):
-                d.send(wire.DraftRound(run, fanout))
-
-    def _send_jits(self) -> None:
-        jits: dict = {}
-        for req in self._jit_pending:
-            if req.phase is not Phase.JIT:
-                continue
-            if req.draft is None or not req.draft.alive:
-                self.backup(req, BackupPolicy.NGRAM)
-                continue
-            jits.setdefault(req.draft, []).append(wire.JitItem(req.seq, self.delta(req), self.room(req),
-                                                               self.features.take(req)))
-        self._jit_pending = []
-        for d, items in jits.items():
-            for run in runs(items):
-                batch_id = self.batches.jit_sent()
-                for it in run:
-                    self.active[it.seq].round.jit_batch = batch_id
-                d.send(wire.Jit(batch_id, run))
+        """Send what is ready: JITs for the sequences waiting on one, then verify batches (ssd.round.dispatch)."""
+        self.dispatcher.dispatch()
 
     # ---- ending ---------------------------------------------------------------------------------
     def end(self, req: Request, reason: FinishReason) -> None:
