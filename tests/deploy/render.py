@@ -67,4 +67,18 @@ CASES = {
         "dataPlane": {"curve": {"enabled": True, "existingSecret": "ssd-curve"}},
         "redis": {"enabled": True, "persistence": {"existingClaim": "ssd-redis-data"}}},
     "redis-discovery": {"router": {"discovery": "redis"}, "redis": {"enabled": True}},
+    "monitoring": {
+        "target": {"ports": {"metrics": 9400}}, "draft": {"ports": {"metrics": 9401}},
+        "metrics": {"serviceMonitor": {"enabled": True}},
+        "monitoring": {"podMonitor": {"enabled": True, "interval": "30s", "labels": {"release": "kube-prometheus"}},
+                       "dashboard": {"enabled": True, "labels": {"team": "ml"}, "annotations": {"grafana_folder": "ssd"}},
+                       "rules": {"enabled": True, "labels": {"release": "kube-prometheus"},
+                                 "alertLabels": {"team": "ml"}}}},
+    "models-download": {
+        "target": {"model": "qwen3-32b"}, "draft": {"model": "drafter"},
+        "models": {"volume": {"type": "persistentVolumeClaim", "claimName": "ssd-models", "readOnly": True},
+                   "download": {"enabled": True, "token": "hf_test_token_value",
+                                "repos": [{"repo": "Qwen/Qwen3-32B", "role": "target"},
+                                          {"repo": "Qwen/Qwen3-0.6B", "role": "draft", "name": "drafter",
+                                           "revision": "0123456"}]}}},
 }

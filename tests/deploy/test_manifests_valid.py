@@ -8,7 +8,8 @@ import pytest
 from tests.deploy.render import CASES, FULLNAME, render_docs, strip
 
 VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
-CRD_GROUPS = ("monitoring.coreos.com/",)  # ServiceMonitor: a CRD, no schema in Kubernetes itself
+CRD_GROUPS = ("monitoring.coreos.com/",)  # ServiceMonitor, PodMonitor, PrometheusRule: CRDs, no schema in Kubernetes
+# itself; tests/deploy/test_chart_monitoring.py checks their shape
 
 
 def test_the_newest_schema_is_newer_than_1_30():

@@ -108,6 +108,29 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and (eq .Values.models.volume.type "hostPath") (not .Values.models.volume.hostPath) }}
 {{- fail "models.volume.type=hostPath needs models.volume.hostPath" }}
 {{- end }}
+{{- with .Values.models.download }}
+{{- if .enabled }}
+{{- if not .repos }}
+{{- fail "models.download.enabled needs models.download.repos, e.g. [{repo: Qwen/Qwen3-0.6B, role: draft}]" }}
+{{- end }}
+{{- if and .token .tokenSecret.name }}
+{{- fail "set models.download.tokenSecret.name (a Secret you manage) or models.download.token (the chart creates the Secret), not both" }}
+{{- end }}
+{{- range .repos }}
+{{- if and (or (eq .role "target") $.Values.draft.enabled) (not (index $.Values .role).model) }}
+{{- fail (printf "models.download.repos fetches %s into %s for the %s, but %s.model is empty (the embedded default): set %s.model=%s" .repo (include "ssd.modelPath" (dict "root" $ "model" (include "ssd.downloadFolder" .))) .role .role .role (include "ssd.downloadFolder" .)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if .Values.monitoring.podMonitor.enabled }}
+{{- if not (int .Values.target.ports.metrics) }}
+{{- fail "monitoring.podMonitor.enabled scrapes the workers' /metrics: set target.ports.metrics (e.g. 9400)" }}
+{{- end }}
+{{- if and .Values.draft.enabled (not (int .Values.draft.ports.metrics)) }}
+{{- fail "monitoring.podMonitor.enabled scrapes the workers' /metrics: set draft.ports.metrics (e.g. 9400)" }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* Pod-level settings shared by every component; call with (dict "root" $ "values" .Values.draft "component" "draft"). */}}
@@ -178,7 +201,7 @@ lifecycle:
 {{- if eq $v.type "persistentVolumeClaim" }}
   persistentVolumeClaim:
     claimName: {{ $v.claimName }}
-    readOnly: {{ and $v.readOnly (not .Values.models.prepare.enabled) }}
+    readOnly: {{ and $v.readOnly (not (or .Values.models.prepare.enabled .Values.models.download.enabled)) }}
 {{- else if eq $v.type "hostPath" }}
   hostPath:
     path: {{ $v.hostPath }}
@@ -227,25 +250,93 @@ lifecycle:
 {{- end }}
 {{- end }}
 
-{{/* Init container that builds the embedded default model pair into the models volume (idempotent). */}}
-{{- define "ssd.prepareInitContainer" -}}
-{{- if .root.Values.models.prepare.enabled }}
+{{/* The folder a models.download entry lands in under models.mountPath: its name, else the repo's last part
+     lowercased (the default of `ssd models download`). */}}
+{{- define "ssd.downloadFolder" -}}
+{{- .name | default (splitList "/" .repo | last | lower) }}
+{{- end }}
+
+{{/* The Secret with the Hub token of models.download: the one named, the chart's own (from token), or "". */}}
+{{- define "ssd.hfTokenSecret" -}}
+{{- with .Values.models.download }}
+{{- if .tokenSecret.name }}{{ .tokenSecret.name }}{{ else if .token }}{{ include "ssd.componentName" (dict "root" $ "component" "hf-token") }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* Init containers of an ssd pod; call with (dict "root" $ "values" .Values.x "component" "x"):
+     `ssd models prepare` (models.prepare: the embedded default pair), then one `ssd models download` per entry of
+     models.download.repos for this pod's role (the router's is target: it reads the target's tokenizer). */}}
+{{- define "ssd.initContainers" -}}
+{{- $root := .root }}
+{{- $dl := $root.Values.models.download }}
+{{- $role := ternary "target" .component (eq .component "router") }}
+{{- $downloads := list }}
+{{- if $dl.enabled }}
+{{- range $i, $r := $dl.repos }}
+{{- if eq $r.role $role }}
+{{- $downloads = append $downloads (dict "index" $i "repo" $r) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if or $root.Values.models.prepare.enabled $downloads }}
 initContainers:
+{{- if $root.Values.models.prepare.enabled }}
   - name: prepare-models
     image: {{ include "ssd.image" . }}
     imagePullPolicy: {{ include "ssd.pullPolicy" . }}
     args:
       - models
       - prepare
-      - --models-dir={{ .root.Values.models.mountPath }}
+      - --models-dir={{ $root.Values.models.mountPath }}
     env:
       {{- include "ssd.env" . | trim | nindent 6 }}
     securityContext:
-      {{- toYaml .root.Values.securityContext | nindent 6 }}
+      {{- toYaml $root.Values.securityContext | nindent 6 }}
     resources:
-      {{- toYaml .root.Values.models.prepare.resources | nindent 6 }}
+      {{- toYaml $root.Values.models.prepare.resources | nindent 6 }}
     volumeMounts:
-      {{- include "ssd.volumeMounts" .root | trim | nindent 6 }}
+      {{- include "ssd.volumeMounts" $root | trim | nindent 6 }}
+{{- end }}
+{{- $dlCtx := dict "root" $root "values" $dl }}
+{{- $secret := include "ssd.hfTokenSecret" $root }}
+{{- range $downloads }}
+  - name: download-models-{{ .index }}
+    image: {{ include "ssd.image" $dlCtx }}
+    imagePullPolicy: {{ include "ssd.pullPolicy" $dlCtx }}
+    args:
+      - models
+      - download
+      - {{ .repo.repo | quote }}
+      - {{ printf "--models-dir=%s" $root.Values.models.mountPath | quote }}
+      - {{ printf "--name=%s" (include "ssd.downloadFolder" .repo) | quote }}
+      {{- with .repo.revision }}
+      - {{ printf "--revision=%s" . | quote }}
+      {{- end }}
+    env:
+      {{- include "ssd.env" (dict "root" $root "values" dict) | trim | nindent 6 }}
+      # The image and the ssd CLI are offline (HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1): only this container
+      # reaches the Hub.
+      - name: HF_HUB_OFFLINE
+        value: "0"
+      - name: TRANSFORMERS_OFFLINE
+        value: "0"
+      {{- with $secret }}
+      - name: HF_TOKEN
+        valueFrom:
+          secretKeyRef:
+            name: {{ . }}
+            key: {{ $dl.tokenSecret.key }}
+      {{- end }}
+      {{- with $dl.extraEnv }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+    securityContext:
+      {{- toYaml $root.Values.securityContext | nindent 6 }}
+    resources:
+      {{- toYaml $dl.resources | nindent 6 }}
+    volumeMounts:
+      {{- include "ssd.volumeMounts" $root | trim | nindent 6 }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -403,7 +494,7 @@ spec:
     {{- include "ssd.volumeMounts" $root | trim | nindent 4 }}
 {{- end }}
 
-{{/* Pod spec of a worker: security, scheduling, the prepare init container, the container and volumes. */}}
+{{/* Pod spec of a worker: security, scheduling, the init containers, the container and volumes. */}}
 {{- define "ssd.workerPodSpec" -}}
 serviceAccountName: {{ include "ssd.serviceAccountName" .root }}
 automountServiceAccountToken: false
@@ -413,11 +504,41 @@ securityContext:
 {{- with include "ssd.podSpecCommon" . }}
 {{ . | trim }}
 {{- end }}
-{{- with include "ssd.prepareInitContainer" . }}
+{{- with include "ssd.initContainers" . }}
 {{ . | trim }}
 {{- end }}
 containers:
   {{- include "ssd.workerContainer" . | trim | nindent 2 }}
 volumes:
   {{- include "ssd.volumes" .root | trim | nindent 2 }}
+{{- end }}
+
+{{/* A prometheus-operator PodMonitor for a worker component's /metrics (the `metrics` container port, set by
+     <component>.ports.metrics); call with (dict "root" $ "component" "target"). */}}
+{{- define "ssd.podMonitor" -}}
+{{- $pm := .root.Values.monitoring.podMonitor }}
+apiVersion: monitoring.coreos.com/v1
+kind: PodMonitor
+metadata:
+  name: {{ include "ssd.componentName" . }}
+  labels:
+    {{- include "ssd.labels" . | nindent 4 }}
+    {{- with $pm.labels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  selector:
+    matchLabels:
+      {{- include "ssd.selectorLabels" . | nindent 6 }}
+  namespaceSelector:
+    matchNames:
+      - {{ .root.Release.Namespace }}
+  # The release and component as labels of every series (the dashboard selects by app_kubernetes_io_instance).
+  podTargetLabels:
+    - app.kubernetes.io/instance
+    - app.kubernetes.io/component
+  podMetricsEndpoints:
+    - port: metrics
+      path: /metrics
+      interval: {{ $pm.interval }}
 {{- end }}
