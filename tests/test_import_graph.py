@@ -1,6 +1,7 @@
 """The package's import graph, read with `ast` (no module is imported): no cycle among ssd.* / services.*
 modules, counting imports at module level and inside functions alike; no service imports another service's
-package; and nothing under ssd/ imports services.*."""
+package; nothing under ssd/ imports services.*; and nothing under ssd/spec/ (the torch-free algorithm the
+router imports) reaches torch, directly or through other ssd modules."""
 from __future__ import annotations
 
 import ast
@@ -205,9 +206,43 @@ def test_the_library_imports_no_service():
     assert not bad, "\n".join(sorted(bad))
 
 
+def _parents(name: str) -> list[str]:
+    """The packages whose __init__ importing `name` runs first (ssd.spec.x -> ssd, ssd.spec)."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in modules()]
+
+
+def torch_path(start: str) -> list[str] | None:
+    """A chain of imports from `start` to torch (through our modules and their parent packages), or None."""
+    prev: dict[str, str | None] = {start: None}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            if any(i == "torch" or i.startswith("torch.") for i in imports_of(v)):
+                path = [v]
+                while prev[path[-1]] is not None:
+                    path.append(prev[path[-1]])
+                return list(reversed(path)) + ["torch"]
+            for w in sorted(graph()[v] | set(_parents(v))):
+                if w not in prev:
+                    prev[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    return None
+
+
+def test_the_spec_package_never_reaches_torch():
+    spec = [n for n in modules() if n == "ssd.spec" or n.startswith("ssd.spec.")]
+    assert "ssd.spec.fanout" in spec
+    bad = [" -> ".join(p) for n in sorted(spec) if (p := torch_path(n))]
+    assert not bad, "ssd/spec/ must stay torch-free:\n" + "\n".join(bad)
+
+
 def test_the_checks_see_what_they_are_meant_to():
     """The graph reader itself: relative imports, submodules named in `from`, function-level imports."""
     assert "ssd.models.decoder" in graph()["ssd.models.eagle"]
+    assert torch_path("ssd.models.eagle") is not None
     assert find_cycles({"a": frozenset({"b"}), "b": frozenset({"c"}), "c": frozenset({"a"}), "d": frozenset()}) \
         == [["a", "b", "c", "a"]]
     assert find_cycles({"a": frozenset({"b"}), "b": frozenset()}) == []

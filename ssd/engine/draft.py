@@ -39,8 +39,8 @@ from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
 from ssd.sampling import SamplingParams, make_generator, sample
 from ssd.spec.cache import CacheEntry
-from ssd.spec.forks import select_forks
-from ssd.spec.proposal import proposal_probs, sparse_support
+from ssd.engine.forks import select_forks
+from ssd.engine.proposal import proposal_probs, sparse_support
 
 SEED_OFFSET = 0x5D_5D  # the draft's generator differs from the target's for the same request seed
 

@@ -21,7 +21,7 @@ from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
 from ssd.engine.features import FeatureBlock
 from ssd.sampling import SamplingParams, make_generator, probs_from_logits, sample
 from ssd.spec.check import speculation_problem
-from ssd.spec.verify import verify_greedy_batch, verify_sampling
+from ssd.engine.verify import verify_greedy_batch, verify_sampling
 
 SparseRow = tuple[list[int], list[float]]
 

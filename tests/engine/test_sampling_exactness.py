@@ -16,7 +16,7 @@ from ssd.engine.speculative import SpecConfig, SpeculativeEngine
 from ssd.models.decoder import ForwardBatch
 from ssd.models.loader import load_model
 from ssd.sampling import SamplingParams, probs_from_logits
-from ssd.spec.proposal import proposal_probs, sparse_support
+from ssd.engine.proposal import proposal_probs, sparse_support
 
 V, PROMPT, N, T = 6, [1, 2, 3], 20_000, 4
 PARAMS = dict(temperature=1.0, max_tokens=T, ignore_eos=True)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from ssd.spec.proposal import densify, proposal_probs, saguaro_reshape, sparse_support
+from ssd.engine.proposal import densify, proposal_probs, saguaro_reshape, sparse_support
 
 
 def logits(n=4, v=10, seed=0):

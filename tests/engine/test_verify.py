@@ -12,9 +12,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import ssd.spec.verify as verify_module
-from ssd.spec.proposal import proposal_probs, saguaro_reshape
-from ssd.spec.verify import verify_greedy, verify_greedy_batch, verify_sampling, verify_sampling_batch
+import ssd.engine.verify as verify_module
+from ssd.engine.proposal import proposal_probs, saguaro_reshape
+from ssd.engine.verify import verify_greedy, verify_greedy_batch, verify_sampling, verify_sampling_batch
 
 V, K, GENERATED, SAMPLES = 5, 3, 3, 20_000
 

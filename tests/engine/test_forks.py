@@ -1,6 +1,6 @@
 import torch
 
-from ssd.spec.forks import select_forks
+from ssd.engine.forks import select_forks
 
 
 def random_case(K=4, V=32, seed=0):

@@ -9,7 +9,7 @@ Contract
 * Sampling (lossless; Leviathan et al. / Chen et al.): accept ``x_i`` with probability
   ``min(1, p_i(x_i) / q_i(x_i))``; at the first rejection draw ``t*`` from ``normalize(max(0, p_j - q_j))``;
   after full acceptance draw the bonus from ``p_K``. ``q`` must be exactly the distribution the draft drew
-  from (``ssd.spec.proposal``). A drafted token with ``q(x) = 0`` cannot have been drawn: ValueError.
+  from (``ssd.engine.proposal``). A drafted token with ``q(x) = 0`` cannot have been drawn: ValueError.
   Should the residual vanish numerically (``p_j == q_j``), ``t*`` is drawn from ``p_j``.
 * Batches are padded: ``draft_tokens[B, K]`` with ``lengths[B]`` (each row's own K; None = all K);
   entries past a row's length are ignored but must be valid ids. Sparse proposals come padded as
