@@ -83,6 +83,9 @@ CASES = {
     "ssd-topk-sparse": SpecConfig(mode="ssd", k=2, budget=6, draft_top_k=2),
     "ssd-saguaro": SpecConfig(mode="ssd", k=2, budget=6, draft_top_k=0, saguaro_c=0.3),
     "ssd-ngram-backup": SpecConfig(mode="ssd", k=2, budget=4, backup="ngram", draft_top_k=3),
+    # the router's own policies: K chosen per round from measured costs (probe and explore rounds at other K), the
+    # fan-out from measured acceptance
+    "ssd-adaptive": SpecConfig(mode="ssd", k=2, budget=6, draft_top_k=0, adaptive=True, adaptive_fanout=True),
 }
 
 
@@ -94,7 +97,9 @@ def test_sampled_outputs_follow_target_distribution(models, name):
     assert chi_square_p(samples, exact_ar(target, SamplingParams(**PARAMS))) > 1e-3
     stats = engine.stats
     assert stats.rounds > 0 and 0 < stats.acceptance_rate < 1  # the rejection path was exercised
-    if CASES[name].mode == "ssd":  # and the cache-hit path
+    if CASES[name].adaptive:   # the policy ran and speculated (how much is its choice)
+        assert engine.core.planner.adaptive and stats.cache.get("hit", 0) > 0
+    elif CASES[name].mode == "ssd":  # and the cache-hit path
         assert stats.cache.get("hit", 0) > 0.2 * (sum(stats.cache.values()) - stats.cache["forced"])
 
 
