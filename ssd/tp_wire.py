@@ -25,15 +25,13 @@ Type bytes::
 """
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass
 
 import msgpack
-import numpy as np
 
 from ssd.params import SamplingParams
-from ssd.wire.kinds import (MAX_ROW_ENTRIES, MAX_ROWS, WireError, _Array, _as_list, _Bad, _Bool, _Float, _Int, _Ints,
-                            _List, _Optional, _tuple, _what)
+from ssd.wire.kinds import (WireError, _Array, _Bad, _Bool, _Float, _Int, _Ints, _List, _Optional, _Rows,
+                            _tuple, _what)
 
 __all__ = ["MAX_OP_ARRAYS", "MAX_OP_BYTES", "MAX_OP_ITEMS", "MAX_PEER_BYTES", "MESSAGE_TYPES", "TP_VERSION", "Free",
            "Item", "Prefill", "Request", "Restore", "Stop", "TPWireError", "Verify", "decode", "encode"]
@@ -63,55 +61,6 @@ class _Bin:
 
     def enc(self, v):
         return self.dec(bytes(v) if isinstance(v, (bytearray, memoryview)) else v)
-
-
-def _row_ok(ids: bytes, probs: bytes) -> bool:
-    p = np.frombuffer(probs, "<f8")
-    return bool(np.frombuffer(ids, "<i4").min() >= 0 and ((p >= 0.0) & (p <= 1.0)).all())
-
-
-class _Rows64:
-    """A proposal: rows ``(ids, probs)`` <-> arrays ``[int32 LE bin, float64 LE bin]``."""
-
-    RULE = "a row's ids must be ints in [0, 2**31) and its probs finite floats in [0, 1]"
-
-    def dec(self, v):
-        if type(v) is not list or len(v) > MAX_ROWS:
-            raise _Bad(f"expected a list of at most MAX_ROWS={MAX_ROWS} rows, got {_what(v)}")
-        out = []
-        for i, row in enumerate(v):
-            if type(row) is not list or len(row) != 2 or type(row[0]) is not bytes or type(row[1]) is not bytes:
-                self._bad(i, f"a row is an array [ids: bin, probs: bin], got {_what(row)}")
-            self._check(i, *row)
-            out.append((array("i", row[0]).tolist(), array("d", row[1]).tolist()))
-        return out
-
-    def enc(self, v):
-        v, out = _as_list(v), []
-        if len(v) > MAX_ROWS:
-            raise _Bad(f"{len(v)} rows exceeds MAX_ROWS={MAX_ROWS}")
-        for i, row in enumerate(v):
-            try:
-                ids, probs = row
-                out.append([array("i", ids).tobytes(), array("d", probs).tobytes()])
-            except (TypeError, ValueError, OverflowError, RuntimeError):
-                self._bad(i, f"a row is a pair (ids, probs): {self.RULE}")
-            self._check(i, *out[-1])
-        return out
-
-    def _check(self, i: int, ids: bytes, probs: bytes) -> None:
-        n = len(ids) // 4
-        if len(ids) % 4 or len(probs) != 8 * n or not 0 < n <= MAX_ROW_ENTRIES:
-            self._bad(i, f"ids and probs must hold the same number (1..MAX_ROW_ENTRIES={MAX_ROW_ENTRIES}) of "
-                         f"int32/float64 values, got {len(ids)} and {len(probs)} bytes")
-        if not _row_ok(ids, probs):
-            self._bad(i, self.RULE)
-
-    @staticmethod
-    def _bad(i: int, rule: str):
-        e = _Bad(rule)
-        e.path.append(f"[{i}]")
-        raise e
 
 
 class _Params(_Array):
@@ -161,7 +110,7 @@ class Request:
     params: SamplingParams
 
 
-@_message(seq_id=SEQ_ID, tokens=TOKENS, proposal=_Optional(_Rows64()))
+@_message(seq_id=SEQ_ID, tokens=TOKENS, proposal=_Optional(_Rows("d")))
 @dataclass(slots=True)
 class Item:
     seq_id: SeqId

@@ -204,28 +204,38 @@ def _tuple(*kinds) -> _Array:
 _ROW_RULE = "a row's ids must be ints in [0, 2**31) and its probs finite floats in [0, 1]"
 
 
-def _rows_ok(ids: bytes, probs: bytes) -> bool:
-    """Both little-endian: ids >= 0 iff each high byte < 0x80. Non-negative float32 sort like their bits as
-    uint32, and a sign bit, inf or NaN puts the bits above 1.0's: probs in [0, 1] iff max(bits) <= 1.0's."""
-    return ids[3::4].isascii() and (not probs or int(np.frombuffer(probs, "<u4").max()) <= 0x3F800000)
+def _rows_ok(ids: bytes, probs: bytes, code: str = "f") -> bool:
+    """ids >= 0 and probs in [0, 1] (no NaN). float32 (the data plane) in one pass over the bytes: both
+    little-endian, ids >= 0 iff each high byte < 0x80; non-negative float32 sort like their bits as uint32, and a
+    sign bit, inf or NaN puts the bits above 1.0's. float64 (the tensor-parallel codec) through numpy."""
+    if code == "f":
+        return ids[3::4].isascii() and (not probs or int(np.frombuffer(probs, "<u4").max()) <= 0x3F800000)
+    p = np.frombuffer(probs, "<f8")
+    return ids[3::4].isascii() and bool(((p >= 0.0) & (p <= 1.0)).all())
 
 
 class _Rows:
-    """A proposal: rows ``(ids, probs)`` <-> arrays ``[int32 LE bin, float32 LE bin]``, checked in one pass."""
+    """A proposal: rows ``(ids, probs)`` <-> arrays ``[int32 LE bin, float LE bin]``, checked in one pass; the
+    probabilities are float32 (`code` "f", the data plane) or float64 ("d", the tensor-parallel codec, so every
+    rank verifies with the leader's numbers)."""
+
+    def __init__(self, code: str = "f"):
+        self.code, self.width = code, array(code).itemsize
 
     def dec(self, v):
         if type(v) is not list or len(v) > MAX_ROWS:
             raise _Bad(f"expected a list of at most MAX_ROWS={MAX_ROWS} rows, got {_what(v)}")
+        w = self.width
         for i, row in enumerate(v):
             if type(row) is not list or len(row) != 2 or type(row[0]) is not bytes or type(row[1]) is not bytes:
                 self._bad(i, f"a row is an array [ids: bin, probs: bin], got {_what(row)}")
             n = len(row[0])
-            if n != len(row[1]) or n % 4 or not 0 < n <= 4 * MAX_ROW_ENTRIES:
+            if n * w != 4 * len(row[1]) or n % 4 or not 0 < n <= 4 * MAX_ROW_ENTRIES:
                 self._bad(i, f"ids and probs must hold the same number (1..MAX_ROW_ENTRIES={MAX_ROW_ENTRIES}) "
-                             f"of int32/float32 values, got {n} and {len(row[1])} bytes")
+                             f"of int32/{8 * w}-bit float values, got {n} and {len(row[1])} bytes")
         ib, pb = b"".join([r[0] for r in v]), b"".join([r[1] for r in v])
         self._check(v, ib, pb)
-        ids, probs = array("i"), array("f")
+        ids, probs = array("i"), array(self.code)
         ids.frombytes(ib)
         probs.frombytes(pb)
         ids, probs, out, start = ids.tolist(), probs.tolist(), [], 0
@@ -242,18 +252,19 @@ class _Rows:
         for i, row in enumerate(v):
             try:
                 ids, probs = row
-                out.append([array("i", ids).tobytes(), array("f", probs).tobytes()])
+                out.append([array("i", ids).tobytes(), array(self.code, probs).tobytes()])
             except (TypeError, ValueError, OverflowError, RuntimeError):
                 self._bad(i, f"a row is a pair (ids, probs): {_ROW_RULE}")
-            if not 0 < len(out[-1][0]) == len(out[-1][1]) <= 4 * MAX_ROW_ENTRIES:
+            n, m = len(out[-1][0]) // 4, len(out[-1][1]) // self.width
+            if not 0 < n == m <= MAX_ROW_ENTRIES:
                 self._bad(i, f"ids and probs must have the same length in 1..MAX_ROW_ENTRIES={MAX_ROW_ENTRIES}, "
-                             f"got {len(out[-1][0]) // 4} and {len(out[-1][1]) // 4}")
+                             f"got {n} and {m}")
         self._check(out, b"".join([r[0] for r in out]), b"".join([r[1] for r in out]))
         return out
 
     def _check(self, rows: list, ib: bytes, pb: bytes) -> None:
-        if not _rows_ok(ib, pb):
-            self._bad(next(i for i, r in enumerate(rows) if not _rows_ok(*r)), _ROW_RULE)
+        if not _rows_ok(ib, pb, self.code):
+            self._bad(next(i for i, r in enumerate(rows) if not _rows_ok(*r, self.code)), _ROW_RULE)
 
     @staticmethod
     def _bad(i: int, rule: str):
