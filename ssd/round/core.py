@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from typing import Callable
 
 from ssd import wire
@@ -56,9 +57,12 @@ class RoundCore:
         self.batches = BatchLedger(clock, cfg.verify_inflight, cfg.verify_hold, cfg.jit_linger)
         self.features = FeatureLedger(pool, self.metrics)
         self.planner = SpeculationPlanner(0, False, False, cfg.probe_every, self.timings, self.metrics, clock)
-        self.replies = Replies(self)
-        self.members = Membership(self)
-        self.dispatcher = Dispatcher(self)
+        # the parts reach the core through a weak proxy: no reference cycle, so a core (and the workers an
+        # in-process engine holds through it) is freed as soon as it is dropped, not at the next cyclic GC
+        me = weakref.proxy(self)
+        self.replies = Replies(me)
+        self.members = Membership(me)
+        self.dispatcher = Dispatcher(me)
         self.waiting: list[Request] = []
         self.active: dict[int, Request] = {}
         self.finished = 0
