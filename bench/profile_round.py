@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from ssd import wire  # noqa: E402
 from ssd.engine.ar import AREngine  # noqa: E402
 from ssd.engine.draft import DraftParams, DraftWorker  # noqa: E402
-from ssd.engine.target import TargetWorker, VerifyItem  # noqa: E402
+from ssd.engine.target import TargetWorker  # noqa: E402
 from ssd.models.decoder import ForwardBatch  # noqa: E402
 from ssd.models.loader import load_model  # noqa: E402
 from ssd.models.prepare import prepare_default_models  # noqa: E402
@@ -95,7 +95,7 @@ def profile_target(target, batch: int, reps: int) -> dict:
     rng = random.Random(1)
 
     def verify():
-        worker.verify([VerifyItem(i, [rng.randrange(100, 1000) for _ in range(K)]) for i in range(batch)])
+        worker.verify([wire.VerifyItem(i, [rng.randrange(100, 1000) for _ in range(K)], None) for i in range(batch)])
 
     timer = ModelTimer(target)
     try:

@@ -138,9 +138,10 @@ def round_parts(cfg: ModelConfig, device: str, dtype, batches: list[int], k: int
     slow by itself or slowed by sharing the device with the target's verify."""
     import dataclasses
     from ssd.engine.draft import DraftParams, DraftWorker
-    from ssd.engine.target import TargetWorker, VerifyItem
+    from ssd.engine.target import TargetWorker
     from ssd.sampling import SamplingParams
     from ssd.spec.fanout import uniform_fanout
+    from ssd.wire import VerifyItem
 
     target = random_model(cfg, device, dtype, deep_scale=0.0)
     draft = random_model(dataclasses.replace(cfg, num_layers=2), device, dtype)
@@ -165,11 +166,11 @@ def round_parts(cfg: ModelConfig, device: str, dtype, batches: list[int], k: int
             dw.speculate(list(zip(seqs, specs)))
             sync(device)
             t2 = time.perf_counter()
-            outs = tw.verify([VerifyItem(s, sp) for s, sp in zip(seqs, specs)])
+            outs = tw.verify([VerifyItem(s, sp, None) for s, sp in zip(seqs, specs)])
             sync(device)
             t3 = time.perf_counter()
             for o, sp in zip(outs, specs):
-                dw.commit(o.seq_id, list(sp[:o.accepted]) + [o.token])
+                dw.commit(o.seq, list(sp[:o.accepted]) + [o.token])
             if r >= 3:
                 times["jit_step"].append((t1 - t0) / k)
                 times["speculate"].append(t2 - t1)

@@ -38,9 +38,9 @@ from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
 from ssd.sampling import SamplingParams, make_generator, sample
-from ssd.spec.cache import CacheEntry
 from ssd.engine.forks import select_forks
 from ssd.engine.proposal import proposal_probs, sparse_support
+from ssd.wire import CacheEntry
 
 SEED_OFFSET = 0x5D_5D  # the draft's generator differs from the target's for the same request seed
 
@@ -259,8 +259,8 @@ class DraftWorker:
         return f
 
     def speculate(self, items: list[tuple[int, list[int]]],
-                  fanouts: dict | None = None) -> dict[int, dict[tuple[int, int], CacheEntry]]:
-        """For each (seq_id, speculation being verified): cache entries keyed by the anticipated (j, t*).
+                  fanouts: dict | None = None) -> dict[int, list[CacheEntry]]:
+        """For each (seq_id, speculation being verified): its cache entries, one per anticipated outcome (j, t*).
         `fanouts` (seq_id -> F_0..F_K, checked by `check_fanout`) replaces the draft's own for those sequences."""
         t0 = time.perf_counter()
         specs = dict(items)
@@ -314,7 +314,7 @@ class DraftWorker:
 
     @torch.inference_mode()
     def _speculate(self, items: list[tuple[int, list[int]]],
-                   fanouts: list[list[int]]) -> dict[int, dict[tuple[int, int], CacheEntry]]:
+                   fanouts: list[list[int]]) -> dict[int, list[CacheEntry]]:
         seqs = [self.seqs[i] for i, _ in items]
         specs = [list(s) for _, s in items]
         rows, starts = self._catch_up_rows(seqs)
@@ -365,14 +365,14 @@ class DraftWorker:
         logits = self.model.logits(torch.stack([h for row in hs for h in row]))
         return logits, [torch.stack(o) for o in outs]
 
-    def _grow_branches(self, seqs, specs, forks_per_seq, glue_feats=None) -> list[dict[tuple[int, int], CacheEntry]]:
+    def _grow_branches(self, seqs, specs, forks_per_seq, glue_feats=None) -> list[list[CacheEntry]]:
         """K batched steps; row b holds all branches of sequence b as its queries. A feature draft's branch
         reads the glue output where it forks, then its own previous output."""
         B, K = len(seqs), self.k
         nb = [len(f) for f in forks_per_seq]
         width = max(nb, default=0)
         if width == 0:
-            return [{} for _ in seqs]
+            return [[] for _ in seqs]
         L = [len(s.tokens) for s in seqs]
         base = [L[b] + len(specs[b]) + 1 for b in range(B)]        # first scratch column
         kv_len = max(base[b] + nb[b] * K for b in range(B))
@@ -420,8 +420,8 @@ class DraftWorker:
         out = []
         for b, forks in enumerate(forks_per_seq):
             sampled = seqs[b].params.temperature != 0
-            out.append({(j, t): CacheEntry(tuple(chains[b][i]), tuple(props[b][i]) if sampled else None)
-                        for i, (j, t) in enumerate(forks)})
+            out.append([CacheEntry(j, t, chains[b][i], props[b][i] if sampled else None)
+                        for i, (j, t) in enumerate(forks)])
         return out
 
 

@@ -134,7 +134,4 @@ class DraftHandler(Handler):
         elapsed = time.perf_counter() - t0
         for key in keys:
             peer, seq, rnd, *_ = rounds[key]
-            entries = [wire.CacheEntry(j, t, list(e.tokens), None if e.proposal is None else
-                                       [(list(i), list(p)) for i, p in e.proposal])
-                       for (j, t), e in published[key].items()]
-            self.endpoint.send(peer, wire.CacheEntries(seq, rnd, entries, elapsed))
+            self.endpoint.send(peer, wire.CacheEntries(seq, rnd, published[key], elapsed))

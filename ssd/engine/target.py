@@ -1,10 +1,12 @@
 """The target's role: own the target model and its KV cache, prefill sequences and verify speculations.
 
 It knows nothing of drafts or caches. A sequence is added with its prompt and sampling parameters; prefill
-returns the first token. `verify` takes, per sequence, a speculation (0..K tokens, and when sampling the
-sparse proposal q each token was drawn from) and returns the outcome `(j, t*)`: j tokens accepted and the
-token the target emits after them. The accepted tokens and t* are committed here, so the target's KV stays
-valid for every committed token but the last (the next verify writes it).
+returns the first token. `verify` takes, per sequence, a speculation (a `wire.VerifyItem`: 0..K tokens, and
+when sampling the sparse proposal q each token was drawn from; None: greedy, one-hot) and returns its
+`wire.Outcome` `(j, t*)`: j tokens accepted and the token the target emits after them. Items and outcomes name
+the sequence by the worker's own key (`seq`: whatever `prefill` added it as; the handler uses (peer, seq)). The
+accepted tokens and t* are committed here, so the target's KV stays valid for every committed token but the
+last (the next verify writes it).
 """
 from __future__ import annotations
 
@@ -22,22 +24,7 @@ from ssd.engine.features import FeatureBlock
 from ssd.sampling import SamplingParams, make_generator, probs_from_logits, sample
 from ssd.spec.check import speculation_problem
 from ssd.engine.verify import verify_greedy_batch, verify_sampling
-
-SparseRow = tuple[list[int], list[float]]
-
-
-@dataclass(slots=True)
-class VerifyItem:
-    seq_id: int
-    tokens: list[int]                      # the speculation s1..sK (K may be 0)
-    proposal: list[SparseRow] | None = None  # q per token when the request samples; None = greedy/one-hot
-
-
-@dataclass(slots=True)
-class Outcome:
-    seq_id: int
-    accepted: int   # j
-    token: int      # t*
+from ssd.wire import Outcome, VerifyItem
 
 
 @dataclass(slots=True)
@@ -188,9 +175,9 @@ class TargetWorker:
 
     def check(self, item: VerifyItem) -> str | None:
         """Why a verify item from a peer cannot be run (None when it can)."""
-        seq = self.seqs.get(item.seq_id)
+        seq = self.seqs.get(item.seq)
         if seq is None:
-            return f"unknown sequence {item.seq_id}"
+            return f"unknown sequence {item.seq}"
         if len(seq.tokens) + len(item.tokens) > self.max_len:
             return f"speculation of {len(item.tokens)} tokens runs past the maximum length {self.max_len}"
         return speculation_problem(item.tokens, None if seq.params.greedy else item.proposal,
@@ -212,15 +199,15 @@ class TargetWorker:
         """Verify each item's speculation. With `features`, `last_features` holds each sequence's features
         from this call up to its last accepted token (from wherever its KV had to be recomputed)."""
         t0 = time.perf_counter()
-        seqs = [self.seqs[it.seq_id] for it in items]
+        seqs = [self.seqs[it.seq] for it in items]
         for it, s in zip(items, seqs):
             if len(s.tokens) + len(it.tokens) > self.max_len:
-                raise ValueError(f"sequence {it.seq_id}: speculation runs past the maximum length {self.max_len}")
+                raise ValueError(f"sequence {it.seq}: speculation runs past the maximum length {self.max_len}")
         hidden, blocks = self._run([(s, list(it.tokens)) for it, s in zip(items, seqs)], features=features)
         logits = self.model.logits(pad_sequence(hidden, batch_first=True))  # [B, Kmax+1, V]
         outcomes = self._outcomes(items, seqs, logits)
         # each block through the last accepted token
-        self.last_features = {out.seq_id: FeatureBlock(blk.start, blk.rows[:len(s.tokens) + out.accepted - blk.start])
+        self.last_features = {out.seq: FeatureBlock(blk.start, blk.rows[:len(s.tokens) + out.accepted - blk.start])
                               for out, s, blk in zip(outcomes, seqs, blocks)}
         for out, it, s in zip(outcomes, items, seqs):
             s.tokens.extend(it.tokens[:out.accepted])
@@ -241,7 +228,7 @@ class TargetWorker:
             picked = logits if len(greedy) == B else logits[torch.tensor(greedy, device=logits.device)]
             j, t = verify_greedy_batch(draft, picked.argmax(-1).cpu(), lengths)
             for r, b in enumerate(greedy):
-                outcomes[b] = Outcome(items[b].seq_id, int(j[r]), int(t[r]))
+                outcomes[b] = Outcome(items[b].seq, int(j[r]), int(t[r]))
         for b, (it, s) in enumerate(zip(items, seqs)):
             if outcomes[b] is not None:
                 continue
@@ -250,7 +237,7 @@ class TargetWorker:
             q = it.proposal if it.proposal is not None else [([tok], [1.0]) for tok in it.tokens]
             q = [(torch.tensor(ids, dtype=torch.long), torch.tensor(ps, dtype=torch.float32)) for ids, ps in q]
             j, t = verify_sampling(torch.tensor(it.tokens, dtype=torch.long), p.cpu(), q, s.generator)
-            outcomes[b] = Outcome(it.seq_id, j, t)
+            outcomes[b] = Outcome(it.seq, j, t)
         return outcomes
 
     def free(self, seq_id: int) -> None:

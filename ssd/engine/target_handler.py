@@ -16,13 +16,14 @@ message carries at most `wire.MAX_FEATURE_BYTES` of features: beyond that each b
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
 from ssd import wire
 from ssd.engine.features import FeatureBlock, to_wire
 from ssd.engine.handler import Handler, Sender
-from ssd.engine.target import TargetWorker, VerifyItem
+from ssd.engine.target import TargetWorker
 from ssd.sampling import SamplingParams
 
 log = logging.getLogger("ssd.target")
@@ -120,7 +121,7 @@ class TargetHandler(Handler):
         items, owners = [], []
         for peer, msg in messages:
             for it in msg.items:
-                item = VerifyItem((peer, it.seq), list(it.tokens), it.proposal)
+                item = dataclasses.replace(it, seq=(peer, it.seq))   # the worker keys sequences by (peer, seq)
                 problem = self.worker.check(item)
                 if problem:
                     self._error(peer, "invalid_argument", problem, it.seq)
@@ -132,7 +133,7 @@ class TargetHandler(Handler):
         elapsed = time.perf_counter() - t0
         grouped = {(peer, msg.batch_id): [] for peer, msg in messages}  # every Verify is answered, even if empty
         for owner, out in zip(owners, outcomes):
-            grouped[owner].append(wire.Outcome(out.seq_id[1], out.accepted, out.token))
+            grouped[owner].append(dataclasses.replace(out, seq=out.seq[1]))
         for (peer, batch_id), outs in grouped.items():
             features = self._features(peer, [o.seq for o in outs]) if (peer, batch_id) in asked else []
             self.endpoint.send(peer, wire.Outcomes(batch_id, outs, elapsed, features))

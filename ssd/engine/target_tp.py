@@ -23,8 +23,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from ssd import tp_wire
-from ssd.engine.target import TargetWorker, VerifyItem
+from ssd import tp_wire, wire
+from ssd.engine.target import TargetWorker
 from ssd.models.parallel import TPGroup, free_port
 
 log = logging.getLogger("ssd.tp")
@@ -108,7 +108,7 @@ class MirroredTarget:
         return self.worker.restore(requests)
 
     def verify(self, items, features: bool = False):
-        wire_items = [tp_wire.Item(it.seq_id, list(it.tokens), it.proposal) for it in items]
+        wire_items = [tp_wire.Item(it.seq, list(it.tokens), it.proposal) for it in items]
         self.channel.send(tp_wire.encode(tp_wire.Verify(wire_items, features)))
         return self.worker.verify(items, features=features)
 
@@ -130,7 +130,7 @@ def follow(worker: TargetWorker, channel: OpChannel) -> None:
             elif isinstance(msg, tp_wire.Restore):
                 worker.restore(_calls(msg.requests))
             elif isinstance(msg, tp_wire.Verify):
-                worker.verify([VerifyItem(it.seq_id, it.tokens, it.proposal) for it in msg.items],
+                worker.verify([wire.VerifyItem(it.seq_id, it.tokens, it.proposal) for it in msg.items],
                               features=msg.features)
             elif isinstance(msg, tp_wire.Free):
                 worker.free(msg.seq_id)

@@ -216,8 +216,8 @@ class RoundCore:
                 return
             if reason is LookupReason.HIT:
                 room = self.room(req)
-                rnd.tokens, rnd.source, req.phase = list(entry.tokens[:room]), "cache", Phase.READY
-                rnd.proposal = None if req.params.greedy else [(list(i), list(p)) for i, p in entry.proposal[:room]]
+                rnd.tokens, rnd.source, req.phase = entry.tokens[:room], "cache", Phase.READY
+                rnd.proposal = None if req.params.greedy else entry.proposal[:room]
                 return
         self.backup(req, choose_backup(self.policy(req), max(1, len(self.active)), self.timings))
 

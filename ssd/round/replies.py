@@ -12,7 +12,6 @@ from collections import Counter
 from ssd import wire
 from ssd.round.state import Phase
 from ssd.spec.backup import BackupPolicy, choose_backup
-from ssd.spec.cache import CacheEntry
 from ssd.spec.check import speculation_problem
 
 log = logging.getLogger("ssd.round")
@@ -179,8 +178,7 @@ class Replies:
             log.warning("draft %s: cache entries for seq %d round %d rejected: %s", worker.address, msg.seq,
                         msg.round, problem)
             return
-        core.cache.publish(msg.seq, msg.round, {(e.accepted, e.token): CacheEntry(e.tokens, e.proposal)
-                                                for e in msg.entries})
+        core.cache.publish(msg.seq, msg.round, msg.entries)
 
     def jit_result(self, worker, msg: wire.JitResult) -> None:
         core = self.core

@@ -4,8 +4,12 @@ Contract
 --------
 * Rounds count verifications per sequence from ``first_round`` (default 0). While the target verifies
   round ``r`` the draft publishes, for each outcome ``(j, t*)`` it anticipates, the speculation for round
-  ``r+1``: ``publish(seq_id, r, {(j, t*): CacheEntry})``. When the outcome of round ``r`` arrives the router
-  calls ``lookup(seq_id, r, j, t*)`` and then ``advance(seq_id, r+1)``.
+  ``r+1``: ``publish(seq_id, r, entries)``, each a ``wire.CacheEntry`` (the type the draft makes and the wire
+  carries) naming its outcome ``(accepted, token)``, its tokens and their proposal rows. When the outcome of
+  round ``r`` arrives the router calls ``lookup(seq_id, r, j, t*)`` and then ``advance(seq_id, r+1)``.
+* Entries are keyed by ``(accepted, token)``; of two for one outcome in a publish the later wins. ``publish``
+  raises ``ValueError`` (storing none of them) for an entry whose proposal does not fit its tokens
+  (``spec.check.proposal_problem``: one row per token, each token in its row's support).
 * A sequence holds the entries of one round only. A publish for a newer round replaces them, one for the
   held round merges into them, one for a round older than the held or current round is dropped (counted
   in ``stale_publishes``). ``advance`` drops entries older than the new current round.
@@ -23,11 +27,14 @@ Plain Python: the router imports this module and must not import torch.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["CacheEntry", "CacheStats", "LookupReason", "SpeculationCache"]
+from ssd.spec.check import proposal_problem
+from ssd.wire import CacheEntry
+
+__all__ = ["CacheStats", "LookupReason", "SpeculationCache"]
 
 
 class LookupReason(str, Enum):
@@ -36,30 +43,6 @@ class LookupReason(str, Enum):
     LATE = "late"
     STALE = "stale"
     FORCED = "forced"
-
-
-@dataclass(slots=True)
-class CacheEntry:
-    """A ready speculation: K token ids and, when the draft sampled, each token's sparse proposal q.
-
-    ``proposal[i] = (ids, probs)`` is the exact support the draft drew ``tokens[i]`` from.
-    """
-
-    tokens: tuple[int, ...]
-    proposal: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...] | None = None
-
-    def __post_init__(self) -> None:
-        self.tokens = tuple(int(t) for t in self.tokens)
-        if self.proposal is not None:
-            self.proposal = tuple((tuple(int(i) for i in ids), tuple(float(p) for p in ps))
-                                  for ids, ps in self.proposal)
-            if len(self.proposal) != len(self.tokens):
-                raise ValueError(f"proposal has {len(self.proposal)} rows for {len(self.tokens)} tokens")
-            for (ids, ps), tok in zip(self.proposal, self.tokens):
-                if len(ids) != len(ps):
-                    raise ValueError("each proposal row needs as many probabilities as token ids")
-                if tok not in ids:
-                    raise ValueError(f"token {tok} is outside the support it was drawn from")
 
 
 @dataclass(slots=True)
@@ -130,9 +113,14 @@ class SpeculationCache:
             state.held_round = None
             state.entries.clear()
 
-    def publish(self, seq_id: int, round: int,
-                entries: Mapping[tuple[int, int], CacheEntry | Sequence[int]]) -> bool:
+    def publish(self, seq_id: int, round: int, entries: Iterable[CacheEntry]) -> bool:
         """Store the speculations for the outcomes of ``round``; False when dropped as stale or ended."""
+        fresh = {}
+        for e in entries:
+            problem = proposal_problem(e.tokens, e.proposal)
+            if problem:
+                raise ValueError(f"sequence {seq_id}: the entry for outcome ({e.accepted}, {e.token}): {problem}")
+            fresh[(e.accepted, e.token)] = e
         state = self._seqs.get(seq_id)
         if state is None:
             return False
@@ -142,11 +130,8 @@ class SpeculationCache:
         if state.held_round != round:
             state.entries.clear()
             state.held_round = round
-        for (j, t_star), entry in entries.items():
-            if not isinstance(entry, CacheEntry):
-                entry = CacheEntry(tokens=tuple(entry))
-            state.entries[(int(j), int(t_star))] = entry
-        self.stats.published_entries += len(entries)
+        state.entries.update(fresh)
+        self.stats.published_entries += len(fresh)
         return True
 
     def lookup(self, seq_id: int, round: int, j: int, t_star: int) -> tuple[CacheEntry | None, LookupReason]:

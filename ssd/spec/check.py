@@ -5,6 +5,9 @@ asked to verify).
 verified over a vocabulary of ``vocab`` ids, or returns None when they can. ``proposal`` is one sparse row
 ``(ids, probs)`` per token, or None (greedy: nothing to check beyond the ids). A token must lie in its own row's
 support with a positive probability: verification divides by q of that token.
+
+``proposal_problem(tokens, proposal)`` is the shape alone, whatever the vocabulary: one row per token, as many
+probabilities as ids in each row, each token in its own row's support (what the speculation cache holds to).
 """
 from __future__ import annotations
 
@@ -20,4 +23,17 @@ def speculation_problem(tokens, proposal, vocab: int) -> str | None:
     for t, (ids, probs) in zip(tokens, proposal):
         if any(not 0 <= i < vocab for i in ids) or t not in ids or probs[ids.index(t)] <= 0:
             return f"token {t} lies outside its proposal row's support (or the row outside the vocabulary)"
+    return None
+
+
+def proposal_problem(tokens, proposal) -> str | None:
+    if proposal is None:
+        return None
+    if len(proposal) != len(tokens):
+        return f"proposal has {len(proposal)} rows for {len(tokens)} tokens"
+    for (ids, probs), t in zip(proposal, tokens):
+        if len(ids) != len(probs):
+            return "each proposal row needs as many probabilities as token ids"
+        if t not in ids:
+            return f"token {t} is outside the support it was drawn from"
     return None

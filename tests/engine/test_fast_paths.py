@@ -44,10 +44,11 @@ def test_greedy_cache_entries_are_the_drafts_own_greedy_continuations(tiny_llama
     published = worker.speculate([(i, s) for i, s in enumerate(specs)])
     for i, (p, s) in enumerate(zip(prompts, specs)):
         assert len(published[i]) == sum(fanout)
-        for (j, t), entry in published[i].items():
+        for entry in published[i]:
+            j, t = entry.accepted, entry.token
             ar = AREngine(model, max_batch=1, max_len=64, eos_token_ids=())
             seq = ar.generate([p + s[:j] + [t]], SamplingParams(max_tokens=k, ignore_eos=True))[0]
-            assert list(entry.tokens) == seq.output, (i, j, t)
+            assert entry.tokens == seq.output, (i, j, t)
 
 
 def test_batched_fork_selection_equals_select_forks():
@@ -84,7 +85,7 @@ def test_a_fanout_override_sets_the_forks_per_position_and_is_checked(tiny_llama
     for i, p in enumerate(([5, 6, 7, 8], [9, 10, 11])):
         worker.add(i, p, DraftParams())
     published = worker.speculate([(0, [12, 13, 14]), (1, [15, 16, 17])], fanouts={1: [4, 1, 0, 3]})
-    per_j = lambda entries: [sum(1 for j, _ in entries if j == jj) for jj in range(k + 1)]  # noqa: E731
+    per_j = lambda entries: [sum(1 for e in entries if e.accepted == jj) for jj in range(k + 1)]  # noqa: E731
     assert per_j(published[0]) == fanout and per_j(published[1]) == [4, 1, 0, 3]
     for bad, message in (([1, 1, 1], "K\\+1 = 4 counts"), ([1, -1, 1, 1], "counts >= 0"),
                          ([3, 3, 3, 0], "more than this draft's budget 8")):

@@ -10,7 +10,7 @@ from ssd.engine.ar import AREngine
 from ssd.engine.draft import DraftParams, DraftWorker
 from ssd.engine.features import FeatureBlock, from_wire, to_wire
 from ssd.engine.speculative import SpecConfig, SpeculativeEngine
-from ssd.engine.target import TargetWorker, VerifyItem
+from ssd.engine.target import TargetWorker
 from ssd.models.loader import load_model
 from ssd.sampling import SamplingParams
 

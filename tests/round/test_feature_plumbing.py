@@ -13,7 +13,6 @@ from ssd import tp_wire, wire
 from ssd.engine.draft import DraftWorker
 from ssd.engine.draft_handler import DraftHandler
 from ssd.engine.features import from_wire
-from ssd.engine.target import VerifyItem
 from ssd.engine.target_handler import TargetHandler
 from ssd.engine.target_tp import MirroredTarget, build_target, follow
 from ssd.models.loader import load_model
@@ -273,7 +272,7 @@ def test_tensor_parallel_leader_and_followers_make_the_same_calls_features_inclu
             return [0] * len(requests)
 
         def verify(self, items, features=False):
-            self.calls.append(("verify", [it.seq_id for it in items], features))
+            self.calls.append(("verify", [it.seq for it in items], features))
             return []
 
     class Channel:   # the broadcast's bytes (tp_wire messages), without torch.distributed
@@ -289,8 +288,8 @@ def test_tensor_parallel_leader_and_followers_make_the_same_calls_features_inclu
     leader, follower, channel = Worker(), Worker(), Channel()
     mirrored = MirroredTarget(leader, channel)
     mirrored.prefill([((PEER, 1), [1, 2], SamplingParams())], features=True)
-    mirrored.verify([VerifyItem((PEER, 1), [3], None)], features=True)
-    mirrored.verify([VerifyItem((PEER, 1), [3], None)])
+    mirrored.verify([wire.VerifyItem((PEER, 1), [3], None)], features=True)
+    mirrored.verify([wire.VerifyItem((PEER, 1), [3], None)])
     assert mirrored.last_features == {"leader's": "block"}
     channel.send(tp_wire.encode(tp_wire.Stop()))
     follow(follower, channel)
