@@ -8,6 +8,8 @@ import ast
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("ssd", "services")
 
@@ -237,6 +239,15 @@ def test_the_spec_package_never_reaches_torch():
     assert "ssd.spec.fanout" in spec
     bad = [" -> ".join(p) for n in sorted(spec) if (p := torch_path(n))]
     assert not bad, "ssd/spec/ must stay torch-free:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("package", ["ssd.round", "services.router", "ssd.client", "ssd.wire"])
+def test_the_round_core_the_router_the_sdk_and_the_wire_never_reach_torch(package):
+    """The router imports no torch (the design brief): neither does the round core it carries, the SDK or the codec."""
+    mods = [n for n in modules() if n == package or n.startswith(package + ".")]
+    assert len(mods) > 1, package
+    bad = [" -> ".join(p) for n in sorted(mods) if (p := torch_path(n))]
+    assert not bad, f"{package} must stay torch-free:\n" + "\n".join(bad)
 
 
 def test_the_checks_see_what_they_are_meant_to():
