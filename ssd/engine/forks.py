@@ -10,6 +10,9 @@ j. At j = K (the bonus token) nothing is excluded. A row yields ``min(F_j, V - e
 probability ones included when the fan-out asks for that many. Order: by j, then probability descending,
 ties to the lower token id, so the result is deterministic. ``draft_probs`` may equally be logits: only
 the ranking matters.
+
+``select_forks_batch(logits, specs, fanouts)`` is ``select_forks`` for a batch of sequences at once (the
+draft's SSD round), with the same result.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["select_forks"]
+__all__ = ["select_forks", "select_forks_batch"]
 
 
 def select_forks(draft_probs: Tensor, drafted: Tensor, fanout: Sequence[int]) -> list[tuple[int, int]]:
@@ -49,3 +52,48 @@ def select_forks(draft_probs: Tensor, drafted: Tensor, fanout: Sequence[int]) ->
         order = row[chosen].sort(descending=True, stable=True).indices
         forks.extend((j, int(t)) for t in chosen[order])
     return forks
+
+
+def select_forks_batch(logits: torch.Tensor, specs: list[list[int]],
+                       fanouts: list[list[int]]) -> list[list[tuple[int, int]]]:
+    """`select_forks` for every sequence at once (logits: the K_b + 1 rows of each sequence, in order; fanouts:
+    each sequence's F_0..F_K), with one top-k over all rows. A row whose top-n boundary is tied goes to
+    `select_forks`, whose tie rule decides."""
+    V = logits.shape[1]
+    counts, excluded, owner = [], [], []
+    for b, sp in enumerate(specs):
+        fanout = fanouts[b]
+        fan = fanout[:len(sp)] + [fanout[-1]]
+        for j, f in enumerate(fan):
+            counts.append(min(f, V - (1 if j < len(sp) else 0)))
+            excluded.append(sp[j] if j < len(sp) else -1)
+            owner.append((b, j))
+    scores = logits.float()
+    if not counts or max(counts) == 0:
+        return [[] for _ in specs]
+    rows = [r for r, t in enumerate(excluded) if t >= 0]
+    masked = scores.clone()
+    masked[rows, [excluded[r] for r in rows]] = float("-inf")
+    width = min(max(counts) + 1, V)
+    values, indices = masked.topk(width, dim=1)
+    n_t = torch.tensor(counts, device=logits.device)
+    at = (n_t - 1).clamp(min=0)[:, None]
+    last = values.gather(1, at)[:, 0]
+    nxt = values.gather(1, n_t.clamp(max=width - 1)[:, None])[:, 0]
+    tied = ((n_t < width) & (last == nxt)) | torch.isinf(last) | torch.isnan(last)
+    out: list[list[tuple[int, int]]] = [[] for _ in specs]
+    slow: set[int] = {owner[r][0] for r in tied.nonzero()[:, 0].tolist() if counts[r] > 0}
+    for r, n in enumerate(counts):
+        b, j = owner[r]
+        if n == 0 or b in slow:
+            continue
+        chosen = indices[r, :n].sort().values
+        order = scores[r, chosen].sort(descending=True, stable=True).indices
+        out[b].extend((j, t) for t in chosen[order].tolist())
+    start = 0
+    for b, sp in enumerate(specs):
+        if b in slow:
+            fan = fanouts[b][:len(sp)] + [fanouts[b][-1]]
+            out[b] = select_forks(logits[start:start + len(sp) + 1], torch.tensor(sp, dtype=torch.long), fan)
+        start += len(sp) + 1
+    return out

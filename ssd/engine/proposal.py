@@ -15,15 +15,17 @@ Contract
 * Any q keeps verification lossless provided the draft samples from exactly the q it ships and the
   verifier uses exactly that q. ``sparse_support`` returns the nonzero support ``(ids ascending, p)`` of
   each row: the wire form; with top-k it has at most k entries, without it the whole vocabulary.
+* ``draw(logits, params, generators)`` is how the draft does that: one token per row from the q of the row's
+  draft parameters, returned with q's sparse support as lists (the argmax and None when every row is greedy).
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from ssd.sampling import SamplingParams, probs_from_logits
+from ssd.sampling import SamplingParams, probs_from_logits, sample
 
-__all__ = ["densify", "proposal_probs", "saguaro_reshape", "sparse_support"]
+__all__ = ["densify", "draw", "proposal_probs", "saguaro_reshape", "sparse_support"]
 
 
 def saguaro_reshape(probs: Tensor, c: float, f: int) -> Tensor:
@@ -67,3 +69,23 @@ def densify(support: list[tuple[Tensor, Tensor]], vocab_size: int) -> Tensor:
     for i, (ids, p) in enumerate(support):
         out[i, torch.as_tensor(ids, dtype=torch.int64)] = torch.as_tensor(p, dtype=torch.float32)
     return out
+
+
+def draw(logits: Tensor, params: list, generators: list) -> tuple[list[int], list | None]:
+    """One token per row of ``logits[N, V]`` from the q of ``params[n]`` (a draft's temperature, top_k,
+    saguaro_c, saguaro_f) with ``generators[n]``; returns the tokens and each row's sparse support
+    ``(ids, probs)`` as lists, or the argmax and None when every row is greedy."""
+    if all(p.temperature == 0 for p in params):
+        return logits.argmax(-1).tolist(), None
+    groups: dict[tuple, list[int]] = {}
+    for b, p in enumerate(params):
+        groups.setdefault((p.temperature, p.top_k, p.saguaro_c, p.saguaro_f), []).append(b)
+    if len(groups) == 1:
+        q = proposal_probs(logits, *next(iter(groups)))
+    else:
+        q = torch.empty_like(logits)
+        for key, rows in groups.items():
+            q[rows] = proposal_probs(logits[rows], *key)
+    tokens = sample(q, generators).tolist()
+    support = [(ids.tolist(), ps.tolist()) for ids, ps in sparse_support(q)]
+    return tokens, support

@@ -53,8 +53,7 @@ def test_greedy_cache_entries_are_the_drafts_own_greedy_continuations(tiny_llama
 
 def test_batched_fork_selection_equals_select_forks():
     """Random and heavily tied scores (ties at the top-n boundary go the per-sequence way)."""
-    from ssd.engine.draft import select_forks_batch
-    from ssd.engine.forks import select_forks
+    from ssd.engine.forks import select_forks, select_forks_batch
 
     g = torch.Generator().manual_seed(3)
     for trial in range(60):
