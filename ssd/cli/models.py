@@ -32,6 +32,8 @@ def add_parser(sub) -> None:
     dist.add_argument("--seed", type=int, default=0)
     dist.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     dist.add_argument("--no-bf16", action="store_true", help="train in float32 instead of bf16 autocast")
+    dist.add_argument("--init-from", type=Path, default=None,
+                      help="start training from a trained draft's tensors (e.g. the packaged draft) instead of the target's last layer")
     dist.add_argument("--follow", action="store_true",
                       help="train alongside a running data stage: wait for its first shards, take new ones as they come")
     dist.add_argument("--export", type=Path, default=None,
@@ -78,7 +80,7 @@ def cmd_distill(args) -> int:
         generate(paths["target"], data, DataConfig(prompts=args.prompts, seed=args.seed))
     if args.stage in ("train", "all"):
         cfg = TrainConfig(steps=args.steps, minutes=args.minutes, lr=args.lr, seed=args.seed, bf16=not args.no_bf16,
-                          follow=args.follow)
+                          follow=args.follow, init_from=str(args.init_from or ""))
         train(target, data, run, cfg)
         if args.export:
             export(run, args.export, {"command": "ssd " + " ".join(sys.argv[1:]) if sys.argv[1:] else "ssd models distill",

@@ -44,6 +44,16 @@ def build_vocab(corpus: Corpus, size: int, always: tuple[int, ...] = ()) -> tupl
     return ids, cover
 
 
+def vocab_cover(corpus: Corpus, ids: torch.Tensor) -> float:
+    """The share of the corpus's answer tokens inside the draft vocabulary `ids`."""
+    inside = total = 0
+    for toks, _, plen, _ in corpus.seqs:
+        answer = toks[plen:]
+        inside += int(torch.isin(answer, ids).sum())
+        total += answer.numel()
+    return inside / max(1, total)
+
+
 def make_batch(seqs, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """tokens [B, T], features [B, T, H] (row p = the target's feature at p), valid [B, T] (a feature
     exists at p), answer [B, T] (p is at or after the last prompt token)."""

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ssd.config import ModelConfig
-from ssd.distill.corpus import Corpus, build_vocab, make_batch
+from ssd.distill.corpus import Corpus, build_vocab, make_batch, vocab_cover
 from ssd.distill.data import load_shards
 from ssd.distill.evaluate import chain_acceptance
 from ssd.distill.unroll import unrolled_logits
@@ -46,6 +46,7 @@ class TrainConfig:
     held_out_shards: int = 1       # the first shard(s) of the data are kept for validation
     reload_every: int = 50         # steps between looks for new shards (data generation may still run)
     follow: bool = False           # wait for the first shards of a data stage running alongside
+    init_from: str = ""            # start from a trained draft's tensors (a packaged `.safetensors`), keeping its vocabulary
     checkpoint_every: int = 50
     extra: dict = field(default_factory=dict)
 
@@ -152,14 +153,23 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
     corpus, n_shards = load()
     held = Corpus.from_shards(load_shards(data_dir, cfg.held_out_shards)) if cfg.held_out_shards else None
     state_path, hist_path = out / "state.safetensors", out / "history.json"
+    warm = None
     if state_path.exists():
         st = load_file(str(state_path))
         vocab_ids, cover, feature_rms = st["vocab_ids"], float(st["cover"]), float(st["feature_rms"])
     else:
-        vocab_ids, cover = build_vocab(corpus, cfg.draft_vocab, target.cfg.eos_token_ids)
+        if cfg.init_from:
+            warm = load_file(cfg.init_from)
+            vocab_ids = warm["vocab_ids"].long()
+            cover = vocab_cover(corpus, vocab_ids)
+        else:
+            vocab_ids, cover = build_vocab(corpus, cfg.draft_vocab, target.cfg.eos_token_ids)
         sample = torch.cat([f[:64] for _, f, _, _ in corpus.seqs[:64]]).float()
         feature_rms = float(sample.pow(2).mean(-1).sqrt().median())
     draft = init_from_target(target, vocab_ids, cfg.layers, cfg.seed, feature_rms)
+    if warm is not None:
+        copy_trained(draft, warm)
+        log(f"initialised from {cfg.init_from}")
     draft.requires_grad_(False)
     params = trainable(draft)
     for p in params:
@@ -257,14 +267,24 @@ def load_trained(target: Decoder, run: str | Path) -> FeatureDraft:
     ids = st["vocab_ids"].long()
     cfg = ModelConfig.from_dict(json.loads((Path(run) / "draft_config.json").read_text()))
     draft = init_from_target(target, ids, cfg.num_layers)
+    copy_trained(draft, st)
+    return draft.eval().requires_grad_(False)
+
+
+def copy_trained(draft: FeatureDraft, st: dict[str, torch.Tensor]) -> None:
+    """Set `draft`'s trained part (`trained_tensors`' names) from `st`; the layer count and vocabulary must match."""
+    if len(st["vocab_ids"]) != len(draft.vocab_ids) or not torch.equal(st["vocab_ids"].long(), draft.vocab_ids):
+        raise ValueError("the trained tensors were made for another draft vocabulary")
     names = {"fc.weight": draft.fc_weight, "fc.bias": draft.fc_bias,
              "fc.feature_norm.weight": draft.feature_norm.weight, "fc.embed_norm.weight": draft.embed_norm.weight}
     for i, layer in enumerate(draft.layers):
         names |= hf_layer_tensors(layer, i)
+    missing = sorted(n for n in names if n not in st)
+    if missing:
+        raise ValueError(f"the trained tensors lack {missing[:3]} (another layer count?)")
     with torch.no_grad():
         for name, param in names.items():
             param.copy_(st[name].float().view_as(param))
-    return draft.eval().requires_grad_(False)
 
 
 def export(run: str | Path, dest: str | Path, metadata: dict) -> Path:
