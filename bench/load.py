@@ -1,9 +1,9 @@
-"""Load benchmark: the locust suite (tests/load/locustfile.py) headless at 1, 8 and 32 concurrent users.
+"""Load benchmark: the locust suite (ssd/bench/locustfile.py, `ssd bench locust`) headless at 1, 8 and 32 users.
 
 One stack (router, target pinned to CPU 0, draft to CPU 1, one torch thread each, SSD mode, max batch 16) serves
 every level in turn; each level runs streaming gRPC users (the SDK) for a fixed time, greedy chat completions of
-mixed prompts with `--max-tokens` tokens each. From each level's `_ssd.csv` summary: p50/p99 TTFT, p50/p99
-ITL (the gap between streamed pieces), p50 end-to-end latency, mean tokens per round, completed requests,
+mixed prompts with exactly `--max-tokens` tokens each (`--ignore-eos`). From each level's `_ssd.csv` summary:
+p50/p99 TTFT, p50/p99 ITL (per token), p50 end-to-end latency, mean tokens per round, completed requests,
 failures and total tokens/s. Results: bench/results/load.json, and a markdown table on stdout.
 
     python bench/load.py [--users 1,8,32] [--seconds 45] [--max-tokens 32] [--api GrpcUser|OpenAIUser|both]
@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from ssd.cli.launcher import Stack, StackConfig  # noqa: E402
 
-LOCUSTFILE = ROOT / "tests" / "load" / "locustfile.py"
+LOCUSTFILE = ROOT / "ssd" / "bench" / "locustfile.py"
 RESULTS = ROOT / "bench" / "results" / "load.json"
 
 
@@ -34,7 +34,7 @@ def run_level(stack: Stack, users: int, seconds: int, max_tokens: int, classes: 
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
            "-u", str(users), "-r", str(users), "-t", f"{seconds}s", "--stop-timeout", "120",
            "--host", f"http://{stack.http_address}", "--grpc-address", stack.grpc_address,
-           "--max-tokens", str(max_tokens), "--csv", str(prefix), *classes]
+           "--max-tokens", str(max_tokens), "--ignore-eos", "--csv", str(prefix), *classes]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if not Path(f"{prefix}_ssd.csv").exists():
         raise RuntimeError(f"locust failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")

@@ -66,7 +66,8 @@ def split_tokens(chunks: list[tuple[float, str, int | None]], total: int | None)
     return counts
 
 
-def _content(obj: dict, chat: bool) -> tuple[str, int | None]:
+def content_of(obj: dict, chat: bool) -> tuple[str, int | None]:
+    """A streamed chunk's text and, when it carries logprobs, its token count (else None)."""
     text, n = "", None
     for choice in obj.get("choices") or []:
         text += ((choice.get("delta") or {}).get("content") or "") if chat else (choice.get("text") or "")
@@ -107,7 +108,7 @@ async def request_one(session: aiohttp.ClientSession, url: str, body: dict, head
                             err = obj["error"]
                             out.error = str(err.get("message", err) if isinstance(err, dict) else err)
                             return out
-                        text, n = _content(obj, chat)
+                        text, n = content_of(obj, chat)
                         if text:
                             chunks.append((now, text, n))
                         if isinstance(obj.get("usage"), dict) and obj["usage"].get("completion_tokens") is not None:
@@ -118,6 +119,14 @@ async def request_one(session: aiohttp.ClientSession, url: str, body: dict, head
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
         out.error = f"{type(e).__name__}: {e}"
         return out
+    return measured(out, start, end, chunks, usage_tokens)
+
+
+def measured(out: Outcome, start: float, end: float, chunks: list[tuple[float, str, int | None]],
+             usage_tokens: int | None) -> Outcome:
+    """`out` with the module's figures of one finished stream (sent at `start`, ended at `end`, its content chunks
+    as (arrival time, text, token count or None)): TTFT, E2E, output tokens and per-token ITL; an error when no
+    chunk carried content. The locust suite (ssd/bench/locustfile.py) measures its streams with it too."""
     if not chunks:
         out.error = "the stream carried no content"
         return out

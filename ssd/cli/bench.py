@@ -1,8 +1,17 @@
-"""`ssd bench` (AR, SD and SSD through real processes) and `ssd bench serve` (a load benchmark of any OpenAI
-endpoint): their arguments, and dispatch into the benchmarks."""
+"""`ssd bench` (AR, SD and SSD through real processes), `ssd bench serve` (a load benchmark of any OpenAI
+endpoint) and `ssd bench locust` (the locust suite, ssd/bench/locustfile.py): their arguments, and dispatch into
+the benchmarks."""
 from __future__ import annotations
 
+import argparse
+import importlib.util
+import os
+import sys
 from pathlib import Path
+
+import ssd.bench
+
+LOCUSTFILE = Path(ssd.bench.__file__).with_name("locustfile.py")
 
 
 def add_parser(sub) -> None:
@@ -17,11 +26,30 @@ def add_parser(sub) -> None:
     b.add_argument("--out", type=Path, default=Path("bench/results/ssd.json"))
     from ssd.bench.serve import add_parser as add_serve_parser
 
-    add_serve_parser(b.add_subparsers(dest="bench_command", required=False,
-                                      description="`ssd bench serve`: load benchmark of any OpenAI endpoint"))
+    benches = b.add_subparsers(dest="bench_command", required=False,
+                               description="`ssd bench serve`: load benchmark of any OpenAI endpoint; "
+                                           "`ssd bench locust`: sustained load with locust")
+    add_serve_parser(benches)
+    # every argument is locust's (`--help` too): '+' as the prefix, so argparse takes none of them as its own
+    loc = benches.add_parser("locust", prefix_chars="+", add_help=False,
+                             help="the locust load suite (ssd/bench/locustfile.py); every argument is locust's, e.g. "
+                                  "--headless -u 20 -t 60s --host http://127.0.0.1:8000 --grpc-address 127.0.0.1:50051")
+    loc.add_argument("locust_args", nargs=argparse.REMAINDER)
+
+
+def run_locust(locust_args: list[str]) -> int:
+    """Replaces this process with locust on the packaged locustfile (so its signals and exit status are locust's)."""
+    if importlib.util.find_spec("locust") is None:
+        print("error: `ssd bench locust` needs locust, which is not installed: pip install 'ssd[load]' "
+              f"(then it runs `locust -f {LOCUSTFILE} ...`)", file=sys.stderr)
+        return 2
+    os.execv(sys.executable, [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), *locust_args])
+    return 1   # not reached
 
 
 def run(args) -> int:
+    if args.bench_command == "locust":
+        return run_locust(args.locust_args)
     if args.bench_command == "serve":
         from ssd.bench.serve import run as bench_serve
 

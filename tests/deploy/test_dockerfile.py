@@ -55,7 +55,7 @@ def test_torch_first_on_its_own_pip_line_from_the_variants_index(instructions):
 
 
 def test_the_constraints_pin_every_dependency_within_the_projects_ranges():
-    """The image is reproducible: each runtime and CUDA dependency of pyproject.toml has exactly one == pin, and
+    """The image is reproducible: each runtime, CUDA and load dependency of pyproject.toml has exactly one == pin, and
     that pin satisfies the project's own range (the file is a freeze of a working .venv)."""
     import tomllib
 
@@ -69,7 +69,8 @@ def test_the_constraints_pin_every_dependency_within_the_projects_ranges():
             name, version = line.split("==")
             pins[canonicalize_name(name)] = Version(version)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for spec in project["dependencies"] + project["optional-dependencies"]["cuda"]:
+    extras = project["optional-dependencies"]
+    for spec in project["dependencies"] + extras["cuda"] + extras["load"]:
         req = Requirement(spec)
         name = canonicalize_name(req.name)
         assert name in pins, f"{req.name} is not pinned in constraints.txt"
