@@ -103,6 +103,15 @@ class ModelConfig:
         except ModelConfigError as e:
             raise ModelConfigError(f"{source}: {e}") from None
 
+    def context_length(self, requested: int = 0, strict: bool = False) -> int:
+        """The longest sequence served: `requested` (0 = the model's own, max_position_embeddings), never past
+        the model's own (`strict`: asking for more is a ValueError rather than cut to it)."""
+        own = self.max_position_embeddings
+        if strict and requested > own:
+            raise ValueError(f"--max-len {requested} is past the model's context of {own} tokens "
+                             f"(max_position_embeddings in its config.json); use at most {own}, or 0 for it")
+        return min(requested or own, own)
+
     @property
     def reads_features(self) -> bool:
         return bool(self.feature_draft)

@@ -19,7 +19,7 @@ def test_precedence_flag_env_file_default(tmp_path):
     assert cfg.max_seqs == 7               # env beats file
     assert cfg.log_level == "ERROR"        # flag beats env
     assert cfg.fanout == (2, 2, 1, 1, 1, 1)
-    assert cfg.max_len == 2048             # default
+    assert cfg.max_len == 0                # default: the model's own context
 
 
 def test_lists_and_json_files(tmp_path):

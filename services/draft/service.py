@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ssd.engine.draft import DraftWorker
 from ssd.engine.draft_handler import DraftHandler
+from ssd.models.kv_cache import default_kv_tokens
 from ssd.spec.fanout import uniform_fanout
 from ssd.worker.service import Loaded, Role, WorkerConfig, load_plain, run_worker, setup_process
 
@@ -36,8 +37,11 @@ def draft_role(cfg: DraftConfig, folder: Path) -> Role:
 
     def load() -> Loaded:
         model = load_plain(cfg, folder)
-        worker = DraftWorker(model, cfg.max_seqs, min(cfg.max_len, model.cfg.max_position_embeddings), cfg.k, fanout,
-                             cfg.kv_tokens, cfg.block_size, cuda_graphs=cfg.cuda_graphs)
+        max_len = model.cfg.context_length(cfg.max_len, strict=True)
+        columns = max_len + cfg.k + 1   # a sequence's committed KV and one speculation
+        worker = DraftWorker(model, cfg.max_seqs, max_len, cfg.k, fanout,
+                             cfg.kv_tokens or default_kv_tokens(cfg.max_seqs, columns), cfg.block_size,
+                             cuda_graphs=cfg.cuda_graphs)
         return Loaded(model, worker, worker.feature_size)
 
     def check() -> str | None:

@@ -26,8 +26,8 @@ ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 @dataclass(slots=True)
 class Limits:
-    max_tokens_default: int = 256
-    max_tokens_limit: int = 2048
+    max_tokens_default: int = 0      # max_tokens when a request sets none (0 = the rest of the context)
+    max_tokens_limit: int = 0        # the largest max_tokens (0 = only the context bounds it)
     max_stop_strings: int = 16
     max_stop_chars: int = 256
     max_messages: int = 256
@@ -117,30 +117,12 @@ class Frontend:
         given = [x is not None for x in (text, token_ids, messages)]
         if sum(given) != 1:
             raise ValueError("prompt: give exactly one of text, token_ids or messages")
-        if text is not None:
-            if len(text) > lim.max_prompt_chars:
-                raise ValueError(f"prompt: {len(text)} characters; the limit is {lim.max_prompt_chars}")
-            ids = self.tok.encode(text)
-        elif token_ids is not None:
+        if token_ids is not None:
             if len(token_ids) >= self.core.max_len:  # the cheap check before any per-token work
                 raise ValueError(f"prompt: {len(token_ids)} tokens; the maximum length is {self.core.max_len}")
             ids = list(token_ids)
         else:
-            if not isinstance(messages, list) or not messages:
-                raise ValueError("messages: must be a non-empty list of {role, content} objects")
-            if len(messages) > lim.max_messages:
-                raise ValueError(f"messages: {len(messages)} messages; the limit is {lim.max_messages}")
-            for i, m in enumerate(messages):
-                role = m.get("role") if isinstance(m, dict) else None
-                if not isinstance(role, str) or role not in ROLES or not isinstance(m.get("content"), str):
-                    raise ValueError(f"messages[{i}]: needs a role in {sorted(ROLES)} and a string content")
-            chars = sum(len(m["content"]) for m in messages)
-            if chars > lim.max_prompt_chars:  # before the template and the tokenizer spend time on it
-                raise ValueError(f"messages: {chars} characters in all; the limit is {lim.max_prompt_chars}")
-            try:
-                ids = self.tok.encode(self.tok.apply_chat_template(messages))
-            except ValueError as e:
-                raise ValueError(f"messages: {e}") from None
+            ids = self.tokenize(text=text, messages=messages)
         if not ids:
             raise ValueError("prompt: must not be empty")
         vocab = self.core.vocab_size
@@ -148,9 +130,7 @@ class Frontend:
             raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
         if len(ids) >= self.core.max_len:
             raise ValueError(f"prompt: {len(ids)} tokens; the maximum length is {self.core.max_len}")
-        max_tokens = lim.max_tokens_default if max_tokens is None else max_tokens
-        if not isinstance(max_tokens, int) or not 1 <= max_tokens <= lim.max_tokens_limit:
-            raise ValueError(f"max_tokens: must be an integer in 1..{lim.max_tokens_limit}, got {max_tokens!r}")
+        max_tokens = self._max_tokens(max_tokens, len(ids))
         stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
         if len(stop) > lim.max_stop_strings or any(not isinstance(s, str) or not s or len(s) > lim.max_stop_chars
                                                     for s in stop):
@@ -168,6 +148,56 @@ class Frontend:
             raise ValueError(re.sub(r"^SamplingParams\.(\w+) ", r"\1: ", str(e))) from None
         deadline = time.monotonic() + timeout_s if timeout_s is not None else None
         return GenerationRequest(request_id or uuid.uuid4().hex, ids, params, stop, mode, k, deadline)
+
+    def tokenize(self, *, text: str | None = None, messages: list[dict] | None = None,
+                 add_special_tokens: bool = False, add_generation_prompt: bool = True) -> list[int]:
+        """The token ids of raw text or of chat messages rendered with the model's template (what a request with
+        that prompt runs on), within the request limits."""
+        lim = self.limits
+        if text is not None:
+            if len(text) > lim.max_prompt_chars:
+                raise ValueError(f"prompt: {len(text)} characters; the limit is {lim.max_prompt_chars}")
+            return self.tok.encode(text, add_special_tokens)
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages: must be a non-empty list of {role, content} objects")
+        if len(messages) > lim.max_messages:
+            raise ValueError(f"messages: {len(messages)} messages; the limit is {lim.max_messages}")
+        for i, m in enumerate(messages):
+            role = m.get("role") if isinstance(m, dict) else None
+            if not isinstance(role, str) or role not in ROLES or not isinstance(m.get("content"), str):
+                raise ValueError(f"messages[{i}]: needs a role in {sorted(ROLES)} and a string content")
+        chars = sum(len(m["content"]) for m in messages)
+        if chars > lim.max_prompt_chars:  # before the template and the tokenizer spend time on it
+            raise ValueError(f"messages: {chars} characters in all; the limit is {lim.max_prompt_chars}")
+        try:
+            return self.tok.encode(self.tok.apply_chat_template(messages, add_generation_prompt), add_special_tokens)
+        except ValueError as e:
+            raise ValueError(f"messages: {e}") from None
+
+    def _max_tokens(self, max_tokens, prompt_tokens: int) -> int:
+        """The request's max_tokens: what it asked for, within the rest of the context and the router's limit;
+        by default the router's default or, without one, the rest of the context."""
+        lim, max_len = self.limits, self.core.max_len
+        room = max_len - prompt_tokens
+        cap = min(room, lim.max_tokens_limit) if lim.max_tokens_limit else room
+        if max_tokens is None:
+            return min(lim.max_tokens_default, cap) if lim.max_tokens_default else cap
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise ValueError(f"max_tokens: must be an integer >= 1, got {max_tokens!r}")
+        if lim.max_tokens_limit and max_tokens > lim.max_tokens_limit:
+            raise ValueError(f"max_tokens: {max_tokens} is above this server's limit of {lim.max_tokens_limit}")
+        if max_tokens > room:
+            raise ValueError(f"max_tokens: {max_tokens} tokens asked for, but the context holds {max_len} tokens "
+                             f"and the prompt takes {prompt_tokens}: at most {room} can follow")
+        return max_tokens
+
+    def detokenize(self, ids) -> str:
+        """The text of token ids (special tokens included, as they are)."""
+        vocab = self.core.vocab_size or self.tok.vocab_size
+        if not isinstance(ids, list) or any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab
+                                            for t in ids):
+            raise ValueError(f"tokens: must be a list of token ids in [0, {vocab})")
+        return self.tok.decode(ids)
 
     @staticmethod
     def journal_params(g: GenerationRequest) -> dict:

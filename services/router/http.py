@@ -1,23 +1,27 @@
 """The router's OpenAI-compatible HTTP API (aiohttp) over the shared `Frontend`; no torch here.
 
 `POST /v1/completions` and `/v1/chat/completions` take OpenAI's fields plus `top_k`, `min_p`, `ignore_eos`,
-`stop_token_ids` and `speculation: {mode, k}`; one prompt, one choice (`n` = 1); OpenAI's defaults (completions:
-`max_tokens` 16; `temperature` 1.0). Responses add `ssd`: the request's speculation stats and its precise
-finish reason (OpenAI's `finish_reason` is "length" for LENGTH, else "stop"). `stream` sends Server-Sent
-Events: chunks, the last one with `finish_reason`, a usage chunk if `stream_options.include_usage`, then
-`data: [DONE]`; an engine error mid-stream is a `data: {"error": ...}` event. A client that disconnects cancels
-its handler, which aborts the request in the engine. `GET /v1/models`, `/health` (503 until the workers are
-ready), `/metrics` (404 without a renderer). Errors, all mapped in one middleware, have OpenAI's shape
-`{"error": {message, type, param, code}}`: 400 bad JSON or field (`param` names it), 401 no valid API key
-(when keys are configured), 404 unknown model or path,
-405, 413 over 1 MiB, 503 not ready or failed in the engine. `HttpServer.start()` serves from its own asyncio
-loop in a daemon thread and returns the bound port; `stop()` gives running requests about two seconds.
+`stop_token_ids` and `speculation: {mode, k}`; one prompt, one choice. Every other field is refused with a
+400 naming it unless given at the value that changes nothing (`openai_params.py`). `max_tokens` defaults to
+the rest of the context (the router's `--max-tokens-default` if set), `temperature` to 1.0. Responses add
+`ssd`: the request's speculation stats and its precise finish reason (OpenAI's `finish_reason` is "length" for
+LENGTH, else "stop"). `stream` sends Server-Sent Events: chunks, the last one with `finish_reason`, a usage
+chunk if `stream_options.include_usage`, then `data: [DONE]`; an engine error mid-stream is a
+`data: {"error": ...}` event. A client that disconnects cancels its handler, which aborts the request in the
+engine. `GET /v1/models` and `/v1/models/{id}`; vLLM's `POST /tokenize`, `/detokenize` and `GET /version`;
+`/health` (503 until the workers are ready), `/metrics` (404 without a renderer). Errors, all mapped in one
+middleware, have OpenAI's shape `{"error": {message, type, param, code}}`: 400 bad JSON or field (`param` names
+it), 401 no valid API key (when keys are configured: `/v1/*`, `/tokenize`, `/detokenize`), 404 unknown model
+(`code` model_not_found) or path, 405, 413 over 1 MiB, 503 not ready or failed in the engine.
+`HttpServer.start()` serves from its own asyncio loop in a daemon thread and returns the bound port; `stop()`
+gives running requests about two seconds.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import functools
+import importlib.metadata
 import json
 import logging
 import re
@@ -32,23 +36,29 @@ from aiohttp import web
 
 from ssd.params import FinishReason
 from services.router.frontend import Final, Frontend
+from services.router.openai_params import STR, get, parse, parse_tokenize
 
 log = logging.getLogger("ssd.router")
 
+try:
+    VERSION = importlib.metadata.version("ssd")
+except importlib.metadata.PackageNotFoundError:   # run from a source tree that was never installed
+    VERSION = "0+unknown"
+
 MAX_BODY = 1 << 20
-COMPLETION_MAX_TOKENS_DEFAULT = 16   # OpenAI's default for /v1/completions
-UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "best_of", "logit_bias", "presence_penalty",
-               "frequency_penalty", "tools", "tool_choice", "functions", "response_format")
+PROTECTED = ("/v1/", "/tokenize", "/detokenize")   # need an API key where keys are configured
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+                 code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
 
 
-def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+def error_body(message: str, param: str | None = None, kind: str = "invalid_request_error",
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def _param(message: str) -> str | None:
@@ -62,7 +72,7 @@ async def _errors(request: web.Request, handler):
     try:
         return await handler(request)
     except ApiError as e:
-        return web.json_response(error_body(e.message, e.param, e.kind), status=e.status)
+        return web.json_response(error_body(e.message, e.param, e.kind, e.code), status=e.status)
     except ValueError as e:  # Frontend.build / RoundCore.submit: "field: what is wrong"
         return web.json_response(error_body(str(e), _param(str(e))), status=400)
     except web.HTTPException as e:
@@ -74,92 +84,6 @@ async def _errors(request: web.Request, handler):
     except Exception:
         log.exception("HTTP %s %s failed", request.method, request.path)
         return web.json_response(error_body("internal server error", kind="server_error"), status=500)
-
-
-# ---- request fields -------------------------------------------------------------------------------
-NUMBER, INT, BOOL, STR, LIST, OBJECT, STOP = (int, float), (int,), (bool,), (str,), (list,), (dict,), (str, list)
-WHAT = {NUMBER: "a number", INT: "an integer", BOOL: "a boolean", STR: "a string", LIST: "a list",
-        OBJECT: "an object", STOP: "a string or a list of strings"}
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _get(obj: dict, key: str, types: tuple, default=None, param: str | None = None):
-    value = obj.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        raise ValueError(f"{param or key}: must be {WHAT[types]}, got {shown}")
-    return value
-
-
-@dataclass(slots=True)
-class Parsed:
-    build: dict           # Frontend.build keyword arguments
-    stream: bool
-    include_usage: bool
-
-
-def parse(body: dict, chat: bool) -> Parsed:
-    """An OpenAI request body -> Frontend.build arguments; raises ValueError("field: ...")."""
-    for name in UNSUPPORTED:
-        value = body.get(name)
-        if value not in (None, False, 0, "", [], {}) and not (name == "best_of" and value == 1) \
-                and not (name == "response_format" and value == {"type": "text"}):
-            raise ValueError(f"{name}: not supported by this server")
-    if _get(body, "n", INT, 1) != 1:
-        raise ValueError("n: only n=1 is supported")
-    if chat:
-        prompt = {"messages": _messages(_get(body, "messages", LIST))}
-        max_tokens = _get(body, "max_completion_tokens", INT)
-        max_tokens = _get(body, "max_tokens", INT) if max_tokens is None else max_tokens
-    else:
-        prompt = _prompt(body.get("prompt"))
-        max_tokens = _get(body, "max_tokens", INT, COMPLETION_MAX_TOKENS_DEFAULT)
-    spec = _get(body, "speculation", OBJECT, {})
-    top_k = _get(body, "top_k", INT, 0)
-    opts = _get(body, "stream_options", OBJECT, {})
-    build = dict(prompt, temperature=_get(body, "temperature", NUMBER, 1.0), top_k=0 if top_k == -1 else top_k,
-                 top_p=_get(body, "top_p", NUMBER, 1.0), min_p=_get(body, "min_p", NUMBER, 0.0),
-                 seed=_get(body, "seed", INT), max_tokens=max_tokens, stop=_get(body, "stop", STOP, ()),
-                 stop_token_ids=_get(body, "stop_token_ids", LIST, ()),
-                 ignore_eos=_get(body, "ignore_eos", BOOL, False),
-                 mode=_get(spec, "mode", STR, "", "speculation.mode"), k=_get(spec, "k", INT, 0, "speculation.k"))
-    return Parsed(build, _get(body, "stream", BOOL, False),
-                  _get(opts, "include_usage", BOOL, False, "stream_options.include_usage"))
-
-
-def _prompt(p) -> dict:
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-        p = p[0]  # a batch of one is one prompt
-    if isinstance(p, str):
-        return {"text": p}
-    if isinstance(p, list) and all(_is_int(t) for t in p):
-        return {"token_ids": p}
-    if isinstance(p, list) and all(isinstance(x, (str, list)) for x in p):
-        raise ValueError("prompt: batched prompts are not supported")
-    raise ValueError("prompt: is required, as a string or a list of token ids")
-
-
-def _messages(messages: list | None) -> list:
-    """Text content parts are joined into one string; the rest is for Frontend.build to judge."""
-    if messages is None:
-        raise ValueError("messages: is required, as a list of {role, content} objects")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ValueError(f"messages[{i}]: needs a string role and a content")
-        content = m.get("content")
-        if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise ValueError(f"messages[{i}].content: only text parts are supported")
-            content = "".join(p["text"] for p in content)
-        out.append({"role": m["role"], "content": content})
-    return out
 
 
 # ---- responses ------------------------------------------------------------------------------------
@@ -234,13 +158,17 @@ class HttpServer:
         app.router.add_post("/v1/completions", functools.partial(self._generate, chat=False))
         app.router.add_post("/v1/chat/completions", functools.partial(self._generate, chat=True))
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model_id:.+}", self.model)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
+        app.router.add_get("/version", self.version)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         return app
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
-        if self.api_keys is not None and request.path.startswith("/v1/") and \
+        if self.api_keys is not None and request.path.startswith(PROTECTED) and \
                 not self.api_keys.valid(request.headers.get("Authorization")):
             raise ApiError(401, "a valid API key is needed: send the header `Authorization: Bearer <key>`",
                            kind="authentication_error")
@@ -278,7 +206,11 @@ class HttpServer:
         target = self.core.pool.target
         return self.core.max_len > 0 and target is not None and target.ready is not None
 
-    async def _body(self, request: web.Request) -> dict:
+    def _unknown_model(self, model: str) -> ApiError:
+        return ApiError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}", "model",
+                        code="model_not_found")
+
+    async def _body(self, request: web.Request, ready: bool = True) -> dict:
         raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge (413)
         try:
             body = json.loads(raw)
@@ -286,10 +218,11 @@ class HttpServer:
             raise ApiError(400, f"the body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object")
-        model = _get(body, "model", STR, self.model_name)
+        model = get(body, "model", STR, self.model_name)
         if model != self.model_name:
-            raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
-                           "model")
+            raise self._unknown_model(model)
+        if not ready:
+            return body
         if not self._ready():
             raise ApiError(503, "the router is waiting for its workers; retry shortly", kind="server_error")
         if self.frontend.draining:
@@ -300,6 +233,8 @@ class HttpServer:
         p = parse(await self._body(request), chat)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         g = self.frontend.build(**p.build, request_id=rid)
+        if p.user is not None:
+            log.debug("request %s from user %r", rid, p.user)
         reply = Reply(chat, rid, self.model_name, int(time.time()))
         items = self.frontend.astream(g)
         async with contextlib.aclosing(items):   # leaving early (or being cancelled) aborts the request
@@ -338,10 +273,39 @@ class HttpServer:
             log.info("client left during stream %s", reply.id)
         return resp
 
+    def _card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "ssd",
+                "root": self.model_name, "parent": None, "max_model_len": self.core.max_len}
+
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "ssd",
-             "max_model_len": self.core.max_len}]})
+        return web.json_response({"object": "list", "data": [self._card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        if request.match_info["model_id"] != self.model_name:
+            raise self._unknown_model(request.match_info["model_id"])
+        return web.json_response(self._card())
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize: {prompt} or {messages} -> {count, max_model_len, tokens, token_strs}."""
+        t = parse_tokenize(await self._body(request, ready=False))
+        ids = self.frontend.tokenize(text=t.text, messages=t.messages, add_special_tokens=t.add_special_tokens,
+                                     add_generation_prompt=t.add_generation_prompt)
+        strs = [self.frontend.tok.id_to_token(i) for i in ids] if t.return_token_strs else None
+        return web.json_response({"count": len(ids), "max_model_len": self.core.max_len, "tokens": ids,
+                                  "token_strs": strs})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /detokenize: {tokens} -> {prompt}."""
+        body = await self._body(request, ready=False)
+        for name, value in body.items():
+            if name not in ("model", "tokens") and value is not None:
+                raise ValueError(f"{name}: unknown field")
+        if body.get("tokens") is None:
+            raise ValueError("tokens: is required, as a list of token ids")
+        return web.json_response({"prompt": self.frontend.detokenize(body["tokens"])})
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": VERSION})
 
     async def health(self, request: web.Request) -> web.Response:
         if self._ready():

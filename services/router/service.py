@@ -55,8 +55,10 @@ class RouterConfig:
     mode: str = field(default="ssd", metadata={"help": "ar, sd or ssd"})
     backup: str = field(default="jit", metadata={"help": "ssd miss policy: jit, ngram, none or auto"})
     max_batch: int = field(default=16, metadata={"help": "sequences generating at once"})
-    max_tokens_default: int = field(default=256, metadata={"help": "max_tokens when a request sets none"})
-    max_tokens_limit: int = field(default=2048, metadata={"help": "largest max_tokens a request may ask for"})
+    max_tokens_default: int = field(default=0, metadata={
+        "help": "max_tokens when a request sets none (0 = the rest of the context: its length minus the prompt)"})
+    max_tokens_limit: int = field(default=0, metadata={
+        "help": "largest max_tokens a request may ask for (0 = no limit but the rest of the context)"})
     draft_top_k: int = field(default=32, metadata={"help": "sampling: support size of the draft's proposals"})
     saguaro_c: float = field(default=1.0, metadata={"help": "Saguaro reshaping factor C (1 = off)"})
     adaptive: bool = field(default=True, metadata={

@@ -179,7 +179,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         d = self.core.pool.drafts[0].ready if self.core.pool.drafts and self.core.pool.drafts[0].ready else None
         return pb.ModelInfo(model_id=t.model_id, draft_model_id=d.model_id if d else "",
                             tokenizer_hash=t.tokenizer_hash, vocab_size=t.vocab_size, max_len=self.core.max_len,
-                            max_tokens_limit=self.cfg.max_tokens_limit, mode=self.cfg.mode, k=self.core.k,
+                            max_tokens_limit=self.frontend.limits.max_tokens_limit or self.core.max_len - 1, mode=self.cfg.mode, k=self.core.k,
                             fanout=list(d.fanout) if d else [])
 
     def GetServerInfo(self, request, context):

@@ -16,7 +16,7 @@ from ssd.engine.sequence import Sequence
 from ssd.models.blocks import PrefixStats
 from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
-from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
+from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for, default_kv_tokens
 from ssd.sampling import probs_from_logits, sample
 
 
@@ -27,13 +27,14 @@ class AREngine(Engine):
         super().__init__()
         cfg = model.cfg
         self.model = model
-        self.max_len = min(max_len or 2048, cfg.max_position_embeddings)
+        self.max_len = cfg.context_length(max_len or 0)
         self.eos_token_ids = frozenset(cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.vocab_size = cfg.vocab_size
-        self.cache = model.make_cache(max_batch, self.max_len, num_blocks=blocks_for(kv_tokens, block_size) or None,
-                                      block_size=block_size)
-        if self.cache.capacity_tokens < self.max_len:
+        if 0 < kv_tokens < self.max_len:
             raise ValueError(f"kv_tokens={kv_tokens} cannot hold one sequence of the maximum length {self.max_len}")
+        kv_tokens = kv_tokens or default_kv_tokens(max_batch, self.max_len)
+        self.cache = model.make_cache(max_batch, self.max_len, num_blocks=blocks_for(kv_tokens, block_size),
+                                      block_size=block_size)
         self.prefix_caching = prefix_caching
         self.forward = graphed_forward(model, self.cache, max_batch, mode=cuda_graphs)
         self.device = model.embed.device

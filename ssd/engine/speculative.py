@@ -24,7 +24,7 @@ from ssd.engine.stats import SpecStats
 from ssd.engine.target import TargetWorker
 from ssd.engine.target_handler import TargetHandler
 from ssd.models.decoder import Decoder
-from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE
+from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, default_kv_tokens
 from ssd.round import CoreConfig, RoundCore, WorkerPool
 from ssd.sampling import SamplingParams
 from ssd.spec.backup import BackupPolicy
@@ -129,10 +129,11 @@ class SpeculativeEngine(Engine):
         cfg = target.cfg
         if draft.cfg.vocab_size != cfg.vocab_size:
             raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's ({cfg.vocab_size})")
-        self.max_len = min(max_len or 2048, cfg.max_position_embeddings, draft.cfg.max_position_embeddings)
+        self.max_len = min(cfg.context_length(max_len or 0), draft.cfg.context_length(max_len or 0))
         self.vocab_size = cfg.vocab_size
         t_worker = TargetWorker(target, max_batch, self.max_len, kv_tokens, block_size, prefix_caching, cuda_graphs)
-        d_worker = DraftWorker(draft, max_batch, self.max_len, self.spec.k, list(self.spec.fanout), kv_tokens,
+        draft_kv = kv_tokens or default_kv_tokens(max_batch, self.max_len + self.spec.k + 1)
+        d_worker = DraftWorker(draft, max_batch, self.max_len, self.spec.k, list(self.spec.fanout), draft_kv,
                                block_size, prefix_caching, cuda_graphs)
         self.target_handle = LocalWorker("target", TargetHandler, t_worker,
                                          self._ready("target", t_worker.max_len, cfg.hidden_size))

@@ -19,7 +19,7 @@ from torch.nn.utils.rnn import pad_sequence
 from ssd.models.blocks import PrefixStats
 from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
-from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
+from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for, default_kv_tokens
 from ssd.engine.features import FeatureBlock
 from ssd.sampling import SamplingParams, make_generator, probs_from_logits, sample
 from ssd.spec.check import speculation_problem
@@ -38,19 +38,21 @@ class _TargetSeq:
 
 
 class TargetWorker:
-    """`kv_tokens` bounds the KV cache (0 = every slot at full length); when a forward needs more blocks than
-    are free, sequences outside it are preempted (their KV dropped, recomputed when next verified) and a batch
-    that still does not fit runs in chunks. Full blocks of committed tokens are shared through the prefix cache."""
+    """`kv_tokens` bounds the KV cache (0 = `default_kv_tokens`: every slot at full length, within a default
+    budget); it must hold one sequence of `max_len`. When a forward needs more blocks than are free, sequences
+    outside it are preempted (their KV dropped, recomputed when next verified) and a batch that still does not
+    fit runs in chunks. Full blocks of committed tokens are shared through the prefix cache."""
 
     def __init__(self, model: Decoder, max_seqs: int, max_len: int, kv_tokens: int = 0,
                  block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True, cuda_graphs: str = "auto"):
         self.model = model
         self.max_len = max_len
-        self.cache = model.make_cache(max_seqs, max_len, num_blocks=blocks_for(kv_tokens, block_size) or None,
+        if 0 < kv_tokens < max_len:   # checked before anything is allocated
+            raise ValueError(f"a KV cache of {kv_tokens} tokens (--kv-tokens) cannot hold one full context of "
+                             f"{max_len} tokens (--max-len); raise --kv-tokens or lower --max-len")
+        kv_tokens = kv_tokens or default_kv_tokens(max_seqs, max_len)
+        self.cache = model.make_cache(max_seqs, max_len, num_blocks=blocks_for(kv_tokens, block_size),
                                       block_size=block_size)
-        if self.cache.capacity_tokens < max_len:
-            raise ValueError(f"a KV cache of {self.cache.capacity_tokens} tokens cannot hold one sequence of "
-                             f"the maximum length {max_len}")
         self.prefix_caching = prefix_caching
         self.forward = graphed_forward(model, self.cache, max_seqs, mode=cuda_graphs)
         self.seqs: dict[int, _TargetSeq] = {}

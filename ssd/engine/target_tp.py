@@ -35,7 +35,7 @@ SETTINGS = ("log_level", "cpus", "threads", "max_seqs", "max_len", "kv_tokens", 
 
 def build_target(model, s: dict) -> TargetWorker:
     """The target's worker from its settings (the same on every rank)."""
-    return TargetWorker(model, s["max_seqs"], min(s["max_len"], model.cfg.max_position_embeddings),
+    return TargetWorker(model, s["max_seqs"], model.cfg.context_length(s["max_len"], strict=True),
                         s["kv_tokens"], s["block_size"], cuda_graphs=s.get("cuda_graphs", "auto"))
 
 

@@ -21,10 +21,17 @@ from ssd.config import ModelConfig
 from ssd.models.blocks import BlockManager
 
 DEFAULT_BLOCK_SIZE = 16
+DEFAULT_KV_TOKENS = 32768   # KV held when none is configured (16 sequences of 2048, or 4 of 8192)
 
 
 def blocks_for(columns: int, block_size: int) -> int:
     return -(-columns // block_size)
+
+
+def default_kv_tokens(slots: int, columns: int) -> int:
+    """The KV capacity in tokens when none is configured: every slot at `columns`, but at most
+    DEFAULT_KV_TOKENS unless one sequence alone needs more (the paged cache preempts when it fills)."""
+    return min(slots * columns, max(columns, DEFAULT_KV_TOKENS))
 
 
 @dataclass(slots=True)

@@ -62,7 +62,8 @@ class WorkerConfig:
     data_address: str = field(default="tcp://127.0.0.1:5601", metadata={"help": "ZeroMQ endpoint to bind"})
     control_address: str = field(default="127.0.0.1:5701", metadata={"help": "gRPC control address to bind"})
     max_seqs: int = field(default=16, metadata={"help": "sequences held at once (KV slots)"})
-    max_len: int = field(default=2048, metadata={"help": "maximum tokens per sequence"})
+    max_len: int = field(default=0, metadata={"help": "maximum tokens per sequence, prompt and output (0 = the "
+                                                      "model's context: max_position_embeddings in its config)"})
     threads: int = field(default=0, metadata={"help": "torch threads (0 = torch's default)"})
     cpus: str = field(default="", metadata={"help": "CPU affinity, e.g. '0' or '0,1' (empty = any)"})
     log_level: str = field(default="INFO", metadata={"help": "logging level"})
@@ -70,8 +71,10 @@ class WorkerConfig:
     advertise_address: str = field(default="", metadata={"help": "data address routers should use "
                                                                   "(default: the bound one)"})
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks of this target (1 = off)"})
-    kv_tokens: int = field(default=0, metadata={"help": "KV cache capacity in tokens (0 = max_seqs * max_len); "
-                                                        "sequences are preempted and recomputed when it is full"})
+    kv_tokens: int = field(default=0, metadata={"help": "KV cache capacity in tokens, at least one full context "
+                                                        "(0 = max_seqs * max_len, at most 32768 unless one context "
+                                                        "needs more); sequences are preempted and recomputed when "
+                                                        "it is full"})
     block_size: int = field(default=16, metadata={"help": "tokens per KV cache block (paging and prefix caching)"})
     device: str = field(default="cpu", metadata={"help": "where the model runs: cpu, cuda or cuda:N"})
     dtype: str = field(default="float32", metadata={"help": "weights and KV cache: float32, bfloat16 or float16 "
@@ -163,7 +166,29 @@ def settings_problem(cfg: WorkerConfig, role: Role) -> str | None:
     else:
         problem = None if cfg.tp_size == 1 else (f"tensor parallelism (--tp-size {cfg.tp_size}) is not available "
                                                  f"for the {role.name}; run it with --tp-size 1")
-    return problem or device_problem(cfg)
+    return problem or device_problem(cfg) or context_problem(cfg, role)
+
+
+def context_problem(cfg: WorkerConfig, role: Role) -> str | None:
+    """Why --max-len / --kv-tokens do not fit the model (None when they do), read from its config.json before
+    anything loads: the context must be within the model's own, and the KV cache must hold one full context (a
+    draft's: and one speculation of K)."""
+    from ssd.config import ModelConfig
+
+    try:
+        model = ModelConfig.from_folder(role.folder)
+    except (ValueError, OSError):
+        return None   # loading reports the folder itself
+    try:
+        max_len = model.context_length(cfg.max_len, strict=True)
+    except ValueError as e:
+        return str(e)
+    need = max_len + (role.k + 1 if role.k else 0)
+    if 0 < cfg.kv_tokens < need:
+        what = f" and a speculation of {role.k}" if role.k else ""
+        return (f"a KV cache of {cfg.kv_tokens} tokens (--kv-tokens) cannot hold one full context of {max_len} "
+                f"tokens (--max-len){what}; raise --kv-tokens to at least {need} or lower --max-len")
+    return None
 
 
 def run_worker(cfg: WorkerConfig, role: Role) -> int:
@@ -190,7 +215,7 @@ def run_worker(cfg: WorkerConfig, role: Role) -> int:
         return {"role": name.upper(), "model_id": folder.name, "tokenizer_hash": state.get("fingerprint", ""),
                 "vocab_size": state.get("vocab", 0), "max_len": state.get("max_len", cfg.max_len),
                 "num_slots": cfg.max_seqs,
-                "kv_capacity_tokens": state.get("kv_tokens", cfg.kv_tokens or cfg.max_seqs * cfg.max_len),
+                "kv_capacity_tokens": state.get("kv_tokens", cfg.kv_tokens),
                 "kv_capacity_bytes": state.get("kv_bytes", 0), "k": k, "fanout": fanout,
                 "data_address": state.get("endpoint", cfg.data_address), "protocol_version": wire.PROTOCOL_VERSION,
                 "state": "DRAINING" if stop.is_set() else "SERVING" if h else "LOADING",
@@ -204,7 +229,12 @@ def run_worker(cfg: WorkerConfig, role: Role) -> int:
 
     control = ControlServer(cfg.control_address, info, on_drain)
     control_port = control.start()
-    loaded = role.load()
+    try:
+        loaded = role.load()
+    except ValueError as e:   # settings the model cannot run (its context, the KV budget) or a bad model folder
+        log.error("the %s cannot start: %s", name, e)
+        control.stop(0)
+        return 2
     model, worker = loaded.model, loaded.worker
     tok = Tokenizer.from_folder(folder)
     state["worker"] = worker

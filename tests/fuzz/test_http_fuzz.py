@@ -19,7 +19,7 @@ from ssd.params import FinishReason
 from ssd.tokenizer import Tokenizer
 from services.router.frontend import Frontend
 from services.router.http import HttpServer
-from tests.services.test_http import FakeRequest
+from tests.services.http_fakes import FakeRequest
 
 MODEL = "smollm2-135m-instruct"
 K = 3

@@ -113,7 +113,7 @@ BAD = [
     (dict(text="hi", temperature=-1.0), "temperature"),
     (dict(text="hi", top_p=1.5), "top_p"),
     (dict(token_ids=[10**6]), "prompt"),
-    (dict(text="x " * 5000), "prompt"),
+    (dict(text="x " * 9000), "prompt"),   # past the 8192-token context
     (dict(messages=[{"role": "user", "content": "hi"}, {"role": "", "content": "x"}]), "messages"),
     (dict(text="hi", stop=["s"] * 17), "stop"),
     (dict(text="hi", mode="fast"), "speculation.mode"),

@@ -8,92 +8,25 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import threading
 import time
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import openai
 import pytest
 
-from ssd.engine.stats import SpecStats
-from ssd.params import FinishReason, SamplingParams
+from ssd.params import FinishReason
 from ssd.tokenizer import Tokenizer
 from services.router.frontend import Frontend
-from services.router.http import HttpServer
-
-MODEL = "smollm2-135m-instruct"
-TEXT = "The quick brown fox jumps over the lazy dog. "
-
-
-@dataclass(eq=False)
-class FakeRequest:
-    rid: str
-    prompt: list[int]
-    params: SamplingParams
-    events: object
-    mode: str
-    arrival: float = field(default_factory=time.monotonic)
-    first_token_at: float | None = None
-    stats: SpecStats = field(default_factory=SpecStats)
-    finish: FinishReason | None = None
-
-
-class FakeCore:
-    """What Frontend and the HTTP server need of the round core (ssd.round.RoundCore): pool.target.ready,
-    vocab_size, max_len, submit, abort."""
-
-    def __init__(self, tok: Tokenizer, ready: bool = True):
-        self.pool = SimpleNamespace(target=SimpleNamespace(
-            ready=SimpleNamespace(model_id=MODEL, vocab_size=tok.vocab_size) if ready else None))
-        self.max_len = 8192 if ready else 0
-        self.vocab_size = tok.vocab_size if ready else 0
-        self.tokens = tok.encode(TEXT * 400)
-        self.delay = 0.0          # seconds between chunks
-        self.fail: str | None = None
-        self.aborted: dict[str, FinishReason] = {}
-
-    def submit(self, rid, prompt, params, mode="", k=0, deadline=None, events=None):
-        if mode not in ("", "ar", "sd", "ssd"):
-            raise ValueError(f"speculation.mode: must be ar, sd or ssd, got {mode!r}")
-        req = FakeRequest(rid, list(prompt), params, events, mode or "ssd")
-        threading.Thread(target=self._feed, args=(req, self.fail), daemon=True).start()
-        return req
-
-    def _feed(self, req: FakeRequest, fail: str | None) -> None:
-        if fail is not None:
-            req.finish = FinishReason.ERROR
-            req.events.put(("error", fail))
-            return
-        ids = self.tokens[:req.params.max_tokens]
-        for i in range(0, len(ids), 3):
-            time.sleep(self.delay)
-            if req.finish is not None:
-                return
-            req.first_token_at = req.first_token_at or time.monotonic()
-            req.stats.record_round(3, 2, len(ids[i:i + 3]))
-            req.stats.count("cache", "hit")
-            req.events.put(("tokens", ids[i:i + 3]))
-        req.finish = FinishReason.LENGTH
-        req.events.put(("done", FinishReason.LENGTH))
-
-    def abort(self, req: FakeRequest, reason: FinishReason = FinishReason.ABORT) -> None:
-        self.aborted[req.rid] = reason
-        if req.finish is None:
-            req.finish = reason
-            req.events.put(("done", reason))
+from tests.services.http_fakes import MODEL, TEXT, FakeCore
+from tests.services.http_fakes import assert_error as _assert_error
+from tests.services.http_fakes import post_json as _post_json
+from tests.services.http_fakes import request as _request
+from tests.services.http_fakes import serve as _serve
 
 
 @pytest.fixture(scope="module")
 def tok(default_models):
     return Tokenizer.from_folder(default_models["target"])
-
-
-def _serve(tok, ready=True, metrics=True):
-    core = FakeCore(tok, ready)
-    render = (lambda: (b"ssd_up 1\n", "text/plain; version=0.0.4; charset=utf-8")) if metrics else None
-    server = HttpServer(Frontend(core, tok), MODEL, render, port=0)
-    return server, server.start(), core
 
 
 @pytest.fixture(scope="module")
@@ -116,27 +49,6 @@ def client(served):
     return openai.OpenAI(base_url=f"http://127.0.0.1:{served.port}/v1", api_key="x", max_retries=0, timeout=30)
 
 
-def _request(port, method, path, body=None, headers=None):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-    conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
-    resp = conn.getresponse()
-    raw = resp.read()
-    conn.close()
-    return resp.status, resp.getheader("Content-Type"), raw
-
-
-def _post_json(port, path, body):
-    status, _, raw = _request(port, "POST", path, body)
-    return status, json.loads(raw)
-
-
-def _assert_error(body, param=None):
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert body["error"]["message"] and body["error"]["code"] is None
-    assert body["error"]["param"] == param
-
-
 def test_completion_streamed_text_equals_whole_text(client, tok):
     whole = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20, temperature=0)
     choice = whole.choices[0]
@@ -155,9 +67,10 @@ def test_completion_streamed_text_equals_whole_text(client, tok):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
 
 
-def test_completion_defaults_to_16_tokens_and_accepts_token_ids(client):
-    out = client.completions.create(model=MODEL, prompt=[504, 2365, 6354])
-    assert out.usage.completion_tokens == 16 and out.usage.prompt_tokens == 3
+def test_completion_defaults_to_the_rest_of_the_context_and_accepts_token_ids(client, served):
+    out = client.completions.create(model=MODEL, prompt=[504, 2365, 6354], stop=["lazy"])
+    assert out.usage.prompt_tokens == 3
+    assert served.core.last.params.max_tokens == served.core.max_len - 3
 
 
 def test_chat_streamed_content_equals_whole_content(client):
@@ -237,7 +150,7 @@ def test_openai_client_sees_bad_request(client):
 def test_unknown_model_path_method_and_big_body(served):
     status, body = _post_json(served.port, "/v1/completions", {"model": "gpt-4", "prompt": "Hi"})
     assert status == 404
-    _assert_error(body, "model")
+    _assert_error(body, "model", "model_not_found")
     status, _, raw = _request(served.port, "GET", "/v2/nothing")
     assert status == 404
     _assert_error(json.loads(raw))

@@ -1,0 +1,109 @@
+"""A fake round core for the HTTP API's tests: what `Frontend` and `HttpServer` need of `ssd.round.RoundCore`,
+streaming a fixed text's tokens in chunks of three from a thread, as the round core does, so the tests need no
+workers."""
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from ssd.engine.stats import SpecStats
+from ssd.params import FinishReason, SamplingParams
+from ssd.tokenizer import Tokenizer
+from services.router.frontend import Frontend
+from services.router.http import HttpServer
+
+MODEL = "smollm2-135m-instruct"
+TEXT = "The quick brown fox jumps over the lazy dog. "
+
+
+@dataclass(eq=False)
+class FakeRequest:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    events: object
+    mode: str
+    arrival: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+    finish: FinishReason | None = None
+
+
+class FakeCore:
+    """What Frontend and the HTTP server need of the round core (ssd.round.RoundCore): pool.target.ready,
+    vocab_size, max_len, submit, abort."""
+
+    def __init__(self, tok: Tokenizer, ready: bool = True):
+        self.pool = SimpleNamespace(target=SimpleNamespace(
+            ready=SimpleNamespace(model_id=MODEL, vocab_size=tok.vocab_size) if ready else None))
+        self.max_len = 8192 if ready else 0
+        self.vocab_size = tok.vocab_size if ready else 0
+        self.tokens = tok.encode(TEXT * 400)
+        self.delay = 0.0          # seconds between chunks
+        self.fail: str | None = None
+        self.aborted: dict[str, FinishReason] = {}
+        self.last: FakeRequest | None = None   # the request submitted last
+
+    def submit(self, rid, prompt, params, mode="", k=0, deadline=None, events=None):
+        if mode not in ("", "ar", "sd", "ssd"):
+            raise ValueError(f"speculation.mode: must be ar, sd or ssd, got {mode!r}")
+        req = self.last = FakeRequest(rid, list(prompt), params, events, mode or "ssd")
+        threading.Thread(target=self._feed, args=(req, self.fail), daemon=True).start()
+        return req
+
+    def _feed(self, req: FakeRequest, fail: str | None) -> None:
+        if fail is not None:
+            req.finish = FinishReason.ERROR
+            req.events.put(("error", fail))
+            return
+        ids = self.tokens[:req.params.max_tokens]
+        for i in range(0, len(ids), 3):
+            time.sleep(self.delay)
+            if req.finish is not None:
+                return
+            req.first_token_at = req.first_token_at or time.monotonic()
+            req.stats.record_round(3, 2, len(ids[i:i + 3]))
+            req.stats.count("cache", "hit")
+            req.events.put(("tokens", ids[i:i + 3]))
+        req.finish = FinishReason.LENGTH
+        req.events.put(("done", FinishReason.LENGTH))
+
+    def abort(self, req: FakeRequest, reason: FinishReason = FinishReason.ABORT) -> None:
+        self.aborted[req.rid] = reason
+        if req.finish is None:
+            req.finish = reason
+            req.events.put(("done", reason))
+
+
+def serve(tok, ready=True, metrics=True, **server):
+    """An HttpServer over a FakeCore on a free port: (server, port, core)."""
+    core = FakeCore(tok, ready)
+    render = (lambda: (b"ssd_up 1\n", "text/plain; version=0.0.4; charset=utf-8")) if metrics else None
+    srv = HttpServer(Frontend(core, tok), MODEL, render, port=0, **server)
+    return srv, srv.start(), core
+
+
+def request(port, method, path, body=None, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    raw = resp.read()
+    conn.close()
+    return resp.status, resp.getheader("Content-Type"), raw
+
+
+def post_json(port, path, body):
+    status, _, raw = request(port, "POST", path, body)
+    return status, json.loads(raw)
+
+
+def assert_error(body, param=None, code=None):
+    """An OpenAI error body naming `param`."""
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"] and body["error"]["code"] == code
+    assert body["error"]["param"] == param

@@ -1,0 +1,175 @@
+"""The HTTP API's surface as OpenAI and vLLM clients expect it, through the real aiohttp app over a fake core:
+every request field is honoured or refused with a 400 naming it (none is silently dropped), `/v1/models/{id}`,
+`/tokenize`, `/detokenize`, `/version`, and `max_tokens` bounded by (and by default) the rest of the context."""
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from services.router.auth import ApiKeys
+from services.router.frontend import Frontend, Limits
+from ssd.tokenizer import Tokenizer
+from tests.services.http_fakes import MODEL, FakeCore, assert_error, post_json, request, serve
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+COMPLETION = {"model": MODEL, "prompt": "Hi", "max_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def tok(default_models):
+    return Tokenizer.from_folder(default_models["target"])
+
+
+@pytest.fixture(scope="module")
+def served(tok):
+    server, port, core = serve(tok)
+    yield port, core
+    server.stop()
+
+
+@pytest.fixture
+def client(served):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{served[0]}/v1", api_key="x", max_retries=0, timeout=30)
+
+
+REFUSED = [  # (endpoint body, extra fields, the param the 400 names)
+    (CHAT, {"guided_json": {"type": "object"}}, "guided_json"),
+    (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    (CHAT, {"tool_choice": "required"}, "tool_choice"),
+    (CHAT, {"n": 2}, "n"),
+    (CHAT, {"logprobs": True}, "logprobs"),
+    (CHAT, {"temprature": 0.5}, "temprature"),           # a typo is not silently dropped
+    (CHAT, {"prompt": "Hi"}, "prompt"),
+    (CHAT, {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+     "stream_options.continuous_usage_stats"),
+    (CHAT, {"speculation": {"mode": "sd", "fanout": [1, 1]}}, "speculation.fanout"),
+    (CHAT, {"messages": [{"role": "user", "content": "Hi", "name": "bob"}]}, "messages[0].name"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}]},
+     "messages[0].content"),
+    (COMPLETION, {"echo": True}, "echo"),
+    (COMPLETION, {"best_of": 3}, "best_of"),
+    (COMPLETION, {"suffix": "end"}, "suffix"),
+    (COMPLETION, {"logprobs": 2}, "logprobs"),
+    (COMPLETION, {"messages": []}, "messages"),
+    (COMPLETION, {"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+    (COMPLETION, {"skip_special_tokens": False}, "skip_special_tokens"),
+    (COMPLETION, {"whatever": None, "frobnicate": 1}, "frobnicate"),
+    (COMPLETION, {"temperature": float("inf")}, "temperature"),
+]
+
+
+@pytest.mark.parametrize("base, extra, param", REFUSED, ids=[p for _, _, p in REFUSED])
+def test_a_field_not_honoured_is_a_400_naming_it(served, base, extra, param):
+    path = "/v1/chat/completions" if "messages" in base else "/v1/completions"
+    status, body = post_json(served[0], path, {**base, **extra})
+    assert status == 400, body
+    assert_error(body, param)
+
+
+@pytest.mark.parametrize("base, extra", [
+    (CHAT, {"n": 1, "response_format": {"type": "text"}, "logprobs": False, "top_logprobs": 0, "tools": [],
+            "tool_choice": "none", "parallel_tool_calls": True, "store": False, "user": "u-1", "stop": None,
+            "stream_options": {"include_usage": True}, "add_generation_prompt": True, "frequency_penalty": None}),
+    (COMPLETION, {"n": 1, "best_of": 1, "echo": False, "suffix": "", "user": "u-2", "logprobs": None,
+                  "skip_special_tokens": True, "speculation": {"mode": "ssd", "k": 0}}),
+])
+def test_fields_at_the_value_that_changes_nothing_are_accepted(served, base, extra):
+    path = "/v1/chat/completions" if "messages" in base else "/v1/completions"
+    status, body = post_json(served[0], path, {**base, **extra})
+    assert status == 200, body
+    assert body["usage"]["completion_tokens"] == 4
+
+
+def test_the_openai_client_sees_a_refused_field_by_name(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                       extra_body={"guided_regex": "[0-9]+"})
+    assert e.value.param == "guided_regex" and "not supported" in e.value.message
+
+
+def test_model_by_id_and_unknown_ids(client, served):
+    card = client.models.retrieve(MODEL)
+    assert card.id == MODEL and card.object == "model" and card.owned_by == "ssd"
+    assert card.model_extra["max_model_len"] == served[1].max_len
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
+    status, _, raw = request(served[0], "GET", "/v1/models/org/other-model")
+    assert status == 404
+    assert_error(json.loads(raw), "model", "model_not_found")
+
+
+def test_tokenize_gives_the_tokens_a_request_runs_on(served, tok, client):
+    port, core = served
+    status, out = post_json(port, "/tokenize", {"model": MODEL, "prompt": "Hello world"})
+    assert status == 200
+    assert out == {"count": len(tok.encode("Hello world")), "max_model_len": core.max_len,
+                   "tokens": tok.encode("Hello world"), "token_strs": None}
+    messages = [{"role": "user", "content": "Tell me about foxes."}]
+    status, chat = post_json(port, "/tokenize", {"messages": messages, "return_token_strs": True})
+    assert status == 200
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert chat["count"] == whole.usage.prompt_tokens == len(chat["tokens"])
+    assert chat["token_strs"] == [tok.id_to_token(i) for i in chat["tokens"]]
+    status, bare = post_json(port, "/tokenize", {"messages": messages, "add_generation_prompt": False})
+    assert status == 200 and bare["count"] < chat["count"]
+
+
+def test_detokenize_inverts_tokenize_and_version(served, tok):
+    port, _ = served
+    ids = tok.encode("The quick brown fox")
+    status, out = post_json(port, "/detokenize", {"model": MODEL, "tokens": ids})
+    assert status == 200 and out == {"prompt": "The quick brown fox"}
+    for body, param in (({"tokens": [tok.vocab_size]}, "tokens"), ({"tokens": "abc"}, "tokens"), ({}, "tokens"),
+                        ({"tokens": [1], "extra": 1}, "extra")):
+        status, err = post_json(port, "/detokenize", body)
+        assert status == 400, body
+        assert_error(err, param)
+    for body, param in (({"prompt": 5}, "prompt"), ({}, "prompt"), ({"prompt": "a", "echo": True}, "echo"),
+                        ({"model": "other", "prompt": "a"}, "model")):
+        status, err = post_json(port, "/tokenize", body)
+        assert status == (404 if param == "model" else 400), body
+        assert_error(err, param, "model_not_found" if param == "model" else None)
+    status, _, raw = request(port, "GET", "/version")
+    assert status == 200 and json.loads(raw)["version"]
+
+
+def test_tokenize_needs_the_api_key_where_keys_are_set(tok, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("secret-key-0123456789\n")
+    server, port, _ = serve(tok, api_keys=ApiKeys(keys))
+    try:
+        for path, body in (("/tokenize", {"prompt": "a"}), ("/detokenize", {"tokens": [1]})):
+            assert request(port, "POST", path, body)[0] == 401
+            assert request(port, "POST", path, body, {"Authorization": "Bearer secret-key-0123456789"})[0] == 200
+        assert request(port, "GET", "/version")[0] == 200
+    finally:
+        server.stop()
+
+
+def test_max_tokens_defaults_to_the_rest_of_the_context(served, client):
+    _, core = served
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], stop=["fox"])
+    assert core.last.params.max_tokens == core.max_len - len(core.last.prompt)
+
+
+def test_max_tokens_past_the_context_is_a_400(served, tok):
+    port, core = served
+    n = len(tok.encode("Hi"))
+    status, body = post_json(port, "/v1/completions", {**COMPLETION, "max_tokens": core.max_len - n + 1})
+    assert status == 400 and f"at most {core.max_len - n} can follow" in body["error"]["message"]
+    assert_error(body, "max_tokens")
+    status, body = post_json(port, "/v1/completions", {**COMPLETION, "max_tokens": core.max_len - n})
+    assert status == 200, body
+
+
+def test_a_router_limit_and_default_bound_max_tokens(tok):
+    front = Frontend(FakeCore(tok), tok, Limits(max_tokens_default=100, max_tokens_limit=500))
+    assert front.build(text="Hi").params.max_tokens == 100
+    assert front.build(text="Hi", max_tokens=500).params.max_tokens == 500
+    with pytest.raises(ValueError, match="max_tokens: 501 is above this server's limit of 500"):
+        front.build(text="Hi", max_tokens=501)
+    near_full = [5] * (FakeCore(tok).max_len - 50)
+    assert front.build(token_ids=near_full).params.max_tokens == 50   # the default, cut to what the context holds
