@@ -85,6 +85,29 @@ def report(result, mode: str) -> None:
               f"[{acc}], cache hits {st.cache_hits}, misses {st.cache_misses}", file=sys.stderr)
 
 
+def _hint(e, args, api_key: str | None) -> str:
+    """What to do about a failed call, read from the failure itself (an API key refused, a TLS handshake that
+    failed and why, a plaintext connection a TLS port closed), else the question whether a router runs there."""
+    tls = args.tls or args.tls_ca_file is not None
+    details = e.details.lower()
+    if e.code == "UNAUTHENTICATED":
+        return (" (the router refused the key given by --api-key or $SSD_API_KEY)" if api_key else
+                " (this router needs an API key: pass --api-key KEY or set $SSD_API_KEY)")
+    if e.code != "UNAVAILABLE":
+        return ""
+    if "certificate_verify_failed" in details:
+        return (f" (the certificate {args.address} serves is not trusted: pass the router's certificate, or the CA "
+                f"that signed it, with --tls-ca-file FILE)")
+    if "wrong_version_number" in details:
+        return f" (the router at {args.address} does not serve TLS: drop --tls / --tls-ca-file)"
+    if "handshake failed" in details:
+        return f" (the TLS handshake with {args.address} failed)"
+    if not tls and "socket closed" in details:
+        return (f" (the router at {args.address} closed the connection at once: if it serves TLS, pass "
+                f"--tls-ca-file FILE, or --tls for a certificate the system trusts)")
+    return f" (is `ssd up` running at {args.address}?)"
+
+
 def cmd_remote_generate(args) -> int:
     from ssd.client import Client, SSDError
 
@@ -115,8 +138,7 @@ def cmd_remote_generate(args) -> int:
                 top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed, ignore_eos=args.ignore_eos,
                 stop=args.stop, mode=args.mode or "", k=args.k or 0))
         except SSDError as e:
-            hint = f" (is `ssd up` running at {args.address}?)" if e.code == "UNAVAILABLE" else ""
-            print(f"error: {e.code}: {e.details}{hint}", file=sys.stderr)
+            print(f"error: {e.code}: {e.details}{_hint(e, args, api_key)}", file=sys.stderr)
             return 2 if e.code == "INVALID_ARGUMENT" else 1
         report(result, result.stats.mode)
     return 0

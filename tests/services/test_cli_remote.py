@@ -1,5 +1,6 @@
 """`ssd generate` against a running router (a subprocess, as a user runs it): --mode, --k and --stop reach the
-request; the "is `ssd up` running?" hint comes only when the router is unreachable."""
+request; the "is `ssd up` running?" hint comes only when the router is unreachable, and TLS to a router without
+it says so (the secured router's cases are in test_security.py)."""
 import re
 import subprocess
 import sys
@@ -53,3 +54,9 @@ def test_unreachable_router_gets_the_hint_an_invalid_argument_does_not(stack):
     assert out.returncode == 2
     assert "INVALID_ARGUMENT" in out.stderr and "temperature" in out.stderr, out.stderr
     assert "running" not in out.stderr, out.stderr
+
+
+def test_tls_to_a_router_without_it_says_so(stack):
+    out = generate(stack.grpc_address, "--max-tokens", "4", "--tls")
+    assert out.returncode == 1 and out.stdout == "", out.stderr
+    assert f"the router at {stack.grpc_address} does not serve TLS: drop --tls / --tls-ca-file" in out.stderr, out.stderr

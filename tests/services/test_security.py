@@ -1,9 +1,12 @@
-"""API keys and TLS on a real router (gRPC and HTTP), and graceful drain on SIGTERM."""
+"""API keys and TLS on a real router (gRPC, HTTP and `ssd generate`), and graceful drain on SIGTERM."""
 import datetime
 import http.client
 import json
+import os
 import signal
 import ssl
+import subprocess
+import sys
 import threading
 import time
 
@@ -123,6 +126,46 @@ def test_http_needs_a_bearer_key_except_for_health(secured):
     status, body = call("POST", "/v1/completions", {"Authorization": f"Bearer {KEY}"},
                         {"prompt": "The sky is", "max_tokens": 4, "temperature": 0})
     assert status == 200 and body["usage"]["completion_tokens"] == 4
+
+
+def ssd_generate(address: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`ssd generate` as a user runs it (no $SSD_API_KEY unless `env` sets it)."""
+    base = {k: v for k, v in os.environ.items() if k != "SSD_API_KEY"}
+    return subprocess.run([sys.executable, "-m", "ssd.cli", "generate", "--address", address, "--max-tokens", "8",
+                           "--ignore-eos", *args, "Name three colours of the rainbow."],
+                          capture_output=True, text=True, timeout=180, env={**base, **(env or {})})
+
+
+def test_ssd_generate_with_the_key_and_the_certificate(secured, tmp_path):
+    (tmp_path / "tls.crt").write_bytes(secured.cert)
+    ca = str(tmp_path / "tls.crt")
+    with Client(secured.grpc_address, root_certificates=secured.cert, api_key=KEY, timeout=120) as c:
+        expected = c.generate("Name three colours of the rainbow.", chat=True, max_tokens=8, ignore_eos=True).text
+    out = ssd_generate(secured.grpc_address, "--api-key", KEY, "--tls-ca-file", ca)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.rstrip("\n") == expected and "8 tokens (length)" in out.stderr, out.stderr
+    out = ssd_generate(secured.grpc_address, "--tls-ca-file", ca, env={"SSD_API_KEY": KEY})
+    assert out.returncode == 0 and out.stdout.rstrip("\n") == expected, out.stderr
+
+
+def test_ssd_generate_says_what_is_missing(secured, tmp_path):
+    (tmp_path / "tls.crt").write_bytes(secured.cert)
+    ca = str(tmp_path / "tls.crt")
+    cases = [  # (flags, what stderr must say), each refused before any token
+        (["--tls-ca-file", ca], ["UNAUTHENTICATED", "needs an API key: pass --api-key KEY or set $SSD_API_KEY"]),
+        (["--tls-ca-file", ca, "--api-key", "sk-wrong-000000000000"],
+         ["UNAUTHENTICATED", "refused the key given by --api-key or $SSD_API_KEY"]),
+        (["--api-key", KEY], ["UNAVAILABLE", "closed the connection at once: if it serves TLS, pass --tls-ca-file"]),
+        (["--api-key", KEY, "--tls"], ["UNAVAILABLE", "is not trusted", "--tls-ca-file FILE"]),
+    ]
+    for flags, messages in cases:
+        out = ssd_generate(secured.grpc_address, *flags)
+        assert out.returncode == 1 and out.stdout == "", (flags, out.stderr)
+        for m in messages:
+            assert m in out.stderr, (flags, out.stderr)
+        assert "is `ssd up` running" not in out.stderr, (flags, out.stderr)
+    out = ssd_generate(secured.grpc_address, "--api-key", KEY, "--tls-ca-file", str(tmp_path / "missing.crt"))
+    assert out.returncode == 2 and "error: --tls-ca-file:" in out.stderr and "missing.crt" in out.stderr, out.stderr
 
 
 def test_sigterm_drains_running_streams_and_refuses_new_ones(secured, chat_prompts, ar_reference):
