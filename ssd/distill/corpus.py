@@ -30,6 +30,10 @@ class Corpus:
     def tokens(self) -> int:
         return sum(len(t) for t, *_ in self.seqs)
 
+    def to(self, device) -> "Corpus":
+        """The same sequences with their tokens and features on `device` (tensors already there are not copied)."""
+        return Corpus([(t.to(device), f.to(device), plen, kind) for t, f, plen, kind in self.seqs])
+
 
 def build_vocab(corpus: Corpus, size: int, always: tuple[int, ...] = ()) -> tuple[torch.Tensor, float]:
     """The `size` most frequent tokens the target generated (answers only), plus `always` (EOS); returns the
@@ -54,15 +58,15 @@ def vocab_cover(corpus: Corpus, ids: torch.Tensor) -> float:
     return inside / max(1, total)
 
 
-def make_batch(seqs, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_batch(seqs, seq_len: int, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """tokens [B, T], features [B, T, H] (row p = the target's feature at p), valid [B, T] (a feature
-    exists at p), answer [B, T] (p is at or after the last prompt token)."""
+    exists at p), answer [B, T] (p is at or after the last prompt token); on `device` (default the CPU)."""
     T = min(seq_len, max(len(t) - 1 for t, *_ in seqs))
     H = seqs[0][1].shape[1]
-    toks = torch.zeros(len(seqs), T, dtype=torch.long)
-    feats = torch.zeros(len(seqs), T, H, dtype=torch.float32)
-    valid = torch.zeros(len(seqs), T, dtype=torch.bool)
-    answer = torch.zeros(len(seqs), T, dtype=torch.bool)
+    toks = torch.zeros(len(seqs), T, dtype=torch.long, device=device)
+    feats = torch.zeros(len(seqs), T, H, dtype=torch.float32, device=device)
+    valid = torch.zeros(len(seqs), T, dtype=torch.bool, device=device)
+    answer = torch.zeros(len(seqs), T, dtype=torch.bool, device=device)
     for b, (t, f, plen, _) in enumerate(seqs):
         n = min(T, len(t) - 1)
         toks[b, :n] = t[:n]

@@ -35,6 +35,9 @@ class DataConfig:
     seed: int = 0
     extra_layers: tuple[int, ...] = (2, 15)   # also keep these decoder layers' outputs (`features_l{i}`), for
                                               # drafts that fuse several depths of the target (EAGLE-3 style)
+    device: str = "cpu"         # where `generate` runs the target (fp32 either way)
+    kv_tokens: int = 0          # the engine's KV capacity in tokens (0: its default; a wide batch needs batch x 1024)
+    seconds: float = 0.0        # `generate`'s wall-clock budget: no shard starts that would end past it (0: none)
 
 
 class _FeatureTap:
@@ -72,7 +75,9 @@ def chat_ids(tok: Tokenizer, text: str) -> list[int]:
 
 def generate_shard(model, tok: Tokenizer, items: list[tuple[int, str, str]], cfg: DataConfig) -> dict:
     """Answer `items` (index, kind, prompt) with continuous batching; returns the shard's tensors."""
-    engine = AREngine(model, max_batch=cfg.batch, max_len=1024, prefix_caching=False)
+    # no CUDA graphs: the hooks must see every forward (a replayed graph runs none)
+    engine = AREngine(model, max_batch=cfg.batch, max_len=1024, prefix_caching=False, kv_tokens=cfg.kv_tokens,
+                      cuda_graphs="off")
     tap = _FeatureTap(model, cfg.extra_layers)
     feats: dict[int, dict[str, list[torch.Tensor]]] = {}
     meta = {}
@@ -89,12 +94,15 @@ def generate_shard(model, tok: Tokenizer, items: list[tuple[int, str, str]], cfg
             if tap.last is None or not stepped:
                 continue
             for name, x in tap.rows().items():
+                full = last = None   # converted once per step, then viewed per row (a wide batch stays a few kernels)
                 for row, seq in enumerate(stepped):
                     got = feats[seq.seq_id].setdefault(name, [])
                     if not got:   # a prefill: every prompt token
-                        got.append(x[row, :len(seq.prompt)].to(torch.float16).clone())
+                        full = x.to(torch.float16) if full is None else full
+                        got.append(full[row, :len(seq.prompt)])
                     else:         # a decode step: the token before the one just appended
-                        got.append(x[row, -1:].to(torch.float16).clone())
+                        last = x[:, -1:].to(torch.float16) if last is None else last
+                        got.append(last[row])
     finally:
         tap.close()
     tokens, offsets, plens, kinds, rows = [], [0], [], [], {}
@@ -112,7 +120,7 @@ def generate_shard(model, tok: Tokenizer, items: list[tuple[int, str, str]], cfg
         kinds.append(KINDS.index(kind))
     return {"tokens": torch.tensor(tokens, dtype=torch.int32), "offsets": torch.tensor(offsets, dtype=torch.int64),
             "prompt_lens": torch.tensor(plens, dtype=torch.int32), "kinds": torch.tensor(kinds, dtype=torch.uint8),
-            **{name: torch.cat(parts) for name, parts in rows.items()}}
+            **{name: torch.cat(parts).cpu() for name, parts in rows.items()}}
 
 
 def shard_path(out: Path, i: int) -> Path:
@@ -125,17 +133,21 @@ def generate(target_dir: str | Path, out: str | Path, cfg: DataConfig, log=print
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    model = load_model(target_dir, dtype=torch.float32)
+    model = load_model(target_dir, dtype=torch.float32, device=cfg.device)
     tok = Tokenizer.from_folder(target_dir)
     items = [(i, kind, text) for i, (kind, text) in enumerate(training_prompts(cfg.prompts, cfg.seed))]
     n_shards = (len(items) + cfg.shard_size - 1) // cfg.shard_size
     done = sum(shard_path(out, i).exists() for i in range(n_shards))
     log(f"teacher data: {n_shards} shards of {cfg.shard_size} prompts, {done} already present in {out}")
-    t0, made = time.time(), 0
+    t0, made, took = time.time(), 0, []
     for i in range(n_shards):
         path = shard_path(out, i)
         if path.exists():
             continue
+        if cfg.seconds and took and time.time() - t0 + sum(took) / len(took) > cfg.seconds:
+            log(f"teacher data: stopping before shard {i + 1}/{n_shards}: the {cfg.seconds:.0f} s budget would "
+                f"run out ({len(took)} shards made in {time.time() - t0:.0f} s)")
+            break
         t = time.time()
         shard = generate_shard(model, tok, items[i * cfg.shard_size:(i + 1) * cfg.shard_size], cfg)
         tmp = path.with_suffix(".tmp")
@@ -143,6 +155,7 @@ def generate(target_dir: str | Path, out: str | Path, cfg: DataConfig, log=print
         os.replace(tmp, path)
         made += int(shard["tokens"].numel())
         n = int(shard["tokens"].numel())
+        took.append(time.time() - t)
         log(f"shard {i + 1}/{n_shards}: {n} tokens in {time.time() - t:.0f} s "
             f"({n / (time.time() - t):.0f} tok/s incl. prompts; total {made} new tokens, {time.time() - t0:.0f} s)")
     return out

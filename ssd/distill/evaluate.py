@@ -40,18 +40,20 @@ def chain_acceptance(draft: FeatureDraft, seqs, depth: int = 6, head: torch.Tens
     t1_n = 0
     for i in range(0, len(seqs), batch):
         chunk = seqs[i:i + batch]
-        toks, feats, valid, answer = make_batch(chunk, seq_len)
+        toks, feats, valid, answer = make_batch(chunk, seq_len, draft.embed.device)
         logits = unrolled_logits(draft, toks, feats, depth)
         tfull = F.linear(norm(feats), head).float()          # target logits at each position
-        labels = tfull.argmax(-1)                             # the target's greedy next token after p
-        preds = [draft.vocab_ids[lg.argmax(-1)] for lg in logits]
+        # host lists for the walk below (one copy per batch, not one per token on a GPU)
+        labels = tfull.argmax(-1).tolist()                    # the target's greedy next token after p
+        preds = [draft.vocab_ids[lg.argmax(-1)].tolist() for lg in logits]
+        counts = valid.sum(-1).tolist()
         T = toks.shape[1]
         for b, (_, _, plen, kind) in enumerate(chunk):
-            n = int(valid[b].sum())
+            n = counts[b]
             starts = range(max(0, plen - 1), n - depth + 1)
             for s in starts:
                 L = 0
-                while L < depth and int(preds[L][b, s + L]) == int(labels[b, s + L]):
+                while L < depth and preds[L][b][s + L] == labels[b][s + L]:
                     L += 1
                 lengths[KINDS[kind]].append(L)
         if t1:
@@ -130,9 +132,11 @@ def measure_cost(target: Decoder, draft: Decoder, batch: int = 1, context: int =
             "draft_ms": round(med["draft"] * 1e3, 3), "ratio": round(med["draft"] / med["target"], 4)}
 
 
-def held_out_sequences(target: Decoder, tokenizer, max_new_tokens: int = 192, batch: int = 20) -> list:
-    """The target's greedy answers (with features) to the held-out prompts of `ssd.prompts`, as Corpus rows."""
-    items = [(i, kind, text) for i, (kind, text) in enumerate(PROMPTS_BY_KIND)]
+def held_out_sequences(target: Decoder, tokenizer, max_new_tokens: int = 192, batch: int = 20,
+                       limit: int | None = None) -> list:
+    """The target's greedy answers (with features) to the held-out prompts of `ssd.prompts` (the first `limit`
+    of them), as Corpus rows."""
+    items = [(i, kind, text) for i, (kind, text) in enumerate(PROMPTS_BY_KIND)][:limit]
     cfg = DataConfig(max_new_tokens=max_new_tokens, batch=batch, sampled_every=0)
     return Corpus.from_shards([generate_shard(target, tokenizer, items, cfg)]).seqs
 

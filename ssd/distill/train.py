@@ -14,6 +14,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -41,6 +42,8 @@ class TrainConfig:
     warmup: int = 60
     minutes: float = 100.0         # wall-clock budget (the schedule is laid out over `steps`)
     steps: int = 4000
+    schedule: str = "steps"        # the learning rate's cosine runs over "steps", or over the "minutes" budget
+                                   # (then `steps` is only a cap: a run on a device of unknown speed fills its time)
     seed: int = 0
     bf16: bool = True
     held_out_shards: int = 1       # the first shard(s) of the data are kept for validation
@@ -48,7 +51,12 @@ class TrainConfig:
     follow: bool = False           # wait for the first shards of a data stage running alongside
     init_from: str = ""            # start from a trained draft's tensors (a packaged `.safetensors`), keeping its vocabulary
     checkpoint_every: int = 50
+    device: str = "cpu"            # where the draft trains (bf16 autocast on that device's type)
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.schedule not in ("steps", "minutes"):
+            raise ValueError(f"schedule must be 'steps' or 'minutes', got {self.schedule!r}")
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -88,29 +96,34 @@ def target_logprobs(draft: FeatureDraft, feats: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(draft.draft_logits(draft.norm(feats)), -1)
 
 
-def loss_fn(draft, toks, feats, valid, cfg: TrainConfig) -> tuple[torch.Tensor, list[float]]:
+def loss_fn(draft, toks, feats, valid, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss and the training accuracy per depth ([depth], on the batch's device: read it only when logging,
+    which on a GPU waits for the step)."""
     logits = unrolled_logits(draft, toks, feats, cfg.depth)
     tgt = target_logprobs(draft, feats).float()
     tprob = tgt.exp()
     total, accs = 0.0, []
     T = toks.shape[1]
-    pos = torch.arange(T)
+    pos = torch.arange(T, device=toks.device)
     for k, lg in enumerate(logits, start=1):
         m = valid & (pos >= k - 1)[None, :]
         lp = torch.log_softmax(lg.float(), -1)
         ce = -(tprob * lp).sum(-1)
         total = total + cfg.depth_decay ** (k - 1) * (ce * m).sum() / m.sum().clamp(min=1)
         with torch.no_grad():
-            accs.append(float(((lg.argmax(-1) == tgt.argmax(-1)) & m).sum() / m.sum().clamp(min=1)))
-    return total, accs
+            accs.append(((lg.argmax(-1) == tgt.argmax(-1)) & m).sum() / m.sum().clamp(min=1))
+    return total, torch.stack(accs)
 
 
 # ---------------------------------------------------------------------------------------------- loop
 
-def _lr(step: int, cfg: TrainConfig) -> float:
+def _lr(step: int, cfg: TrainConfig, seconds: float = 0.0) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    if cfg.schedule == "minutes":
+        frac = min(1.0, seconds / (cfg.minutes * 60))
+    else:
+        frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
@@ -122,7 +135,8 @@ def trainable(draft: FeatureDraft) -> list[torch.nn.Parameter]:
 def save_draft(draft: FeatureDraft, folder: Path, dtype=torch.bfloat16) -> None:
     """The trained part (`trained_tensors`) as `draft.safetensors` plus `draft_config.json`."""
     folder.mkdir(parents=True, exist_ok=True)
-    small = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in trained_tensors(draft).items()}
+    small = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous().cpu()
+             for k, v in trained_tensors(draft).items()}
     _atomic_save(small, folder / "draft.safetensors")
     (folder / "draft_config.json").write_text(json.dumps(feature_draft_config(draft.cfg, len(draft.vocab_ids),
                                                                               len(draft.layers)), indent=1))
@@ -135,11 +149,14 @@ def _atomic_save(tensors: dict, path: Path, metadata: dict | None = None) -> Non
 
 
 def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConfig, log=print,
-          progress: bool = True) -> dict:
+          progress: bool = True, on_checkpoint: Callable[[int], object] | None = None) -> dict:
     """Fit a feature draft; resumable from `out/state.safetensors` (weights, optimiser moments, step, RNG
-    position). Returns the training history."""
+    position). `target` stays on the CPU (the draft starts from its tensors there and then moves to
+    `cfg.device`, with the teacher data); `on_checkpoint(step)` runs after each checkpoint is written.
+    Returns the training history."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device(cfg.device)
     def load() -> tuple[Corpus, int]:
         shards = load_shards(data_dir)
         while cfg.follow and len(shards) <= cfg.held_out_shards:
@@ -151,7 +168,7 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
         return Corpus.from_shards(shards[cfg.held_out_shards:]), len(shards)
 
     corpus, n_shards = load()
-    held = Corpus.from_shards(load_shards(data_dir, cfg.held_out_shards)) if cfg.held_out_shards else None
+    held = Corpus.from_shards(load_shards(data_dir, cfg.held_out_shards)).to(dev) if cfg.held_out_shards else None
     state_path, hist_path = out / "state.safetensors", out / "history.json"
     warm = None
     if state_path.exists():
@@ -166,10 +183,13 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
             vocab_ids, cover = build_vocab(corpus, cfg.draft_vocab, target.cfg.eos_token_ids)
         sample = torch.cat([f[:64] for _, f, _, _ in corpus.seqs[:64]]).float()
         feature_rms = float(sample.pow(2).mean(-1).sqrt().median())
+    corpus = corpus.to(dev)
     draft = init_from_target(target, vocab_ids, cfg.layers, cfg.seed, feature_rms)
     if warm is not None:
         copy_trained(draft, warm)
         log(f"initialised from {cfg.init_from}")
+    draft = draft.to(dev)
+    draft._rope = None      # rebuilt on the draft's device at the first forward
     draft.requires_grad_(False)
     params = trainable(draft)
     for p in params:
@@ -184,7 +204,8 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
         opt.load_state_dict(_opt_state_from(st, opt))
         step = int(st["step"])
         history = json.loads(hist_path.read_text())
-        if history["config"] != asdict(cfg):   # resumed with another schedule or budget: keep both on record
+        # resumed with another schedule or budget: keep both on record (a field the record predates had its default)
+        if asdict(TrainConfig()) | history["config"] != asdict(cfg):
             history.setdefault("resumes", []).append({"step": step, "previous_config": history["config"]})
             history["config"] = asdict(cfg)
         log(f"resumed at step {step}")
@@ -198,16 +219,17 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
         if cfg.reload_every and step % cfg.reload_every == 0 and step:
             if len(list(Path(data_dir).glob("shard-*.safetensors"))) > n_shards:
                 corpus, n_shards = load()
+                corpus = corpus.to(dev)
                 order = sorted(range(len(corpus.seqs)), key=lambda i: len(corpus.seqs[i][0]))
                 history["train_tokens"] = corpus.tokens
                 log(f"step {step}: {n_shards} shards, {corpus.tokens} training tokens")
         # batches of similar length (less padding): a random start in the length-sorted order
         i = rng.randrange(0, max(1, len(order) - cfg.batch))
         seqs = [corpus.seqs[j] for j in order[i:i + cfg.batch]]
-        toks, feats, valid, _ = make_batch(seqs, cfg.seq_len)
+        toks, feats, valid, _ = make_batch(seqs, cfg.seq_len, dev)
         for g in opt.param_groups:
-            g["lr"] = _lr(step, cfg)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            g["lr"] = _lr(step, cfg, time.time() - t0)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.bf16):
             loss, accs = loss_fn(draft, toks, feats, valid, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -216,7 +238,9 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
         step += 1
         bar.update(1)
         loss = loss.detach()
-        bar.set_postfix(loss=f"{float(loss):.3f}", acc=" ".join(f"{a:.2f}" for a in accs))
+        if dev.type == "cpu" or step % 20 == 0:   # reading the loss waits for the device
+            accs = accs.tolist()
+            bar.set_postfix(loss=f"{float(loss):.3f}", acc=" ".join(f"{a:.2f}" for a in accs))
         if step % 20 == 0:
             history["log"].append({"step": step, "minutes": (time.time() - t0) / 60, "loss": float(loss),
                                    "train_acc": accs})
@@ -227,9 +251,13 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
                 log(f"step {step}: held-out chained accuracy {history['log'][-1]['held_out']}")
             history["seconds"] = time.time() - t0
             _checkpoint(draft, opt, step, vocab_ids, cover, feature_rms, history, out)
+            if on_checkpoint is not None:
+                on_checkpoint(step)
     bar.close()
     history["seconds"] = time.time() - t0
     _checkpoint(draft, opt, step, vocab_ids, cover, feature_rms, history, out)
+    if on_checkpoint is not None:
+        on_checkpoint(step)
     return history
 
 
@@ -239,13 +267,13 @@ def held_out_accuracy(draft: FeatureDraft, held: Corpus, cfg: TrainConfig, depth
 
 
 def _checkpoint(draft, opt, step, vocab_ids, cover, feature_rms, history, out: Path) -> None:
-    st = {"w." + n: p.detach().clone() for n, p in draft.named_parameters() if p.requires_grad}
+    st = {"w." + n: p.detach().cpu().clone() for n, p in draft.named_parameters() if p.requires_grad}
     st |= {"step": torch.tensor(step), "vocab_ids": vocab_ids, "cover": torch.tensor(cover),
            "feature_rms": torch.tensor(feature_rms)}
     osd = opt.state_dict()
     for pid, s in osd["state"].items():
         for key, v in s.items():
-            st[f"opt.{pid}.{key}"] = v if torch.is_tensor(v) else torch.tensor(v)
+            st[f"opt.{pid}.{key}"] = v.cpu() if torch.is_tensor(v) else torch.tensor(v)
     _atomic_save(st, out / "state.safetensors")
     (out / "history.json").write_text(json.dumps(history, indent=1))
     save_draft(draft, out)

@@ -45,7 +45,7 @@ def unrolled_logits(draft: FeatureDraft, toks: torch.Tensor, feats: torch.Tensor
         raise ValueError("the unrolled forward is written for one-layer drafts")
     layer = draft.layers[0]
     B, T = toks.shape
-    pos = torch.arange(T)
+    pos = torch.arange(T, device=toks.device)
     cos, sin = draft.rope(T).lookup(pos[None].expand(B, T))
     scale = 1.0 / math.sqrt(layer.attn.d)
     rep = layer.attn.h // layer.attn.hkv

