@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The default draft distilled on one GPU (sized for an H200, under 8 minutes, no network): the models prepared
+# from the installed packages (or the GGUF that $SSD_SMOLLM2_GGUF names), teacher data generated on the device
+# (~3 minutes, 256 sequences at once), training there for the time left, held-out acceptance of the new draft
+# against the packaged one. Writes draft.safetensors (+ draft.json provenance), draft_config.json, history.json,
+# gpu_distill.json and distill.log to $OUT (bench/results/gpu_distill without $OUT) and prints a table last;
+# every training checkpoint re-exports the draft, so a timeout still leaves one. See bench/gpu/distill.py.
+# The interpreter: $PYTHON, else the project's .venv, else python3. One without torch is an error (exit 1);
+# with torch but no CUDA device there is nothing to do (exit 0, saying so). A stage that failed: exit 1;
+# the timeout (455 s, then a kill 10 s later): 124.
+# SSD_GPU_DISTILL_SMOKE=1 (or --smoke) runs every stage on the CPU at toy size, in well under a minute.
+#   bash bench/gpu/distill.sh [extra args for bench/gpu/distill.py]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+if [[ -n "${PYTHON:-}" ]]; then PY=$PYTHON
+elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
+else PY=$(command -v python3 || command -v python); fi
+if ! "$PY" -c "import torch" 2>/dev/null; then
+    echo "gpu_distill: $PY cannot import torch; set PYTHON to an interpreter with torch (or run make setup)" >&2
+    exit 1
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+smoke=${SSD_GPU_DISTILL_SMOKE:-0}
+for arg in "$@"; do [[ $arg == --smoke ]] && smoke=1; done
+if [[ $smoke == 1 ]]; then
+    exec timeout -k 10 300 "$PY" bench/gpu/distill.py --smoke "$@"
+fi
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu_distill: no CUDA device visible to $PY (torch $("$PY" -c 'import torch; print(torch.__version__)')): nothing to do, exit 0"
+    exit 0
+fi
+exec timeout -k 10 455 "$PY" bench/gpu/distill.py "$@"
