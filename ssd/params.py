@@ -1,7 +1,15 @@
 """Request parameters that every process understands, the router included: no torch here.
 
 `SamplingParams` validates every field and names the field in its error. `finish_reason` decides, after a
-token is committed, whether a sequence is done, and why.
+token is committed, whether a sequence is done, and why; `ending_tokens` is what ends it (what `min_tokens`
+holds back).
+
+Penalties and biases (OpenAI's and vLLM's, applied by `ssd.sampling.penalize` to the logits of every position the
+target computes, in this order): `logit_bias` adds to the logits of its token ids; `min_tokens` masks the
+ending tokens while fewer tokens have been generated; `repetition_penalty` (Hugging Face's rule) divides a
+positive logit and multiplies a negative one by it for every token of the prompt or the output so far;
+`frequency_penalty` subtracts itself times a token's count in the output so far, `presence_penalty` itself once
+for every token in the output so far.
 """
 from __future__ import annotations
 
@@ -11,6 +19,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 _SEED_LIMIT = 2**64
+PENALTY_RANGE = (-2.0, 2.0)             # presence_penalty, frequency_penalty (OpenAI's)
+REPETITION_RANGE = (0.01, 100.0)        # repetition_penalty (1 = off); the bounds keep logits finite
+LOGIT_BIAS_RANGE = (-100.0, 100.0)      # each logit_bias value (OpenAI's)
 
 
 def _is_int(value: object) -> bool:
@@ -31,6 +42,11 @@ class SamplingParams:
     max_tokens: int = 128
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias), sorted by id, each id once
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
@@ -55,13 +71,57 @@ class SamplingParams:
         self.stop_token_ids = tuple(self.stop_token_ids)
         if not isinstance(self.ignore_eos, bool):
             raise bad("ignore_eos", "a bool")
+        lo, hi = PENALTY_RANGE
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not _is_real(getattr(self, name)) or not lo <= getattr(self, name) <= hi:
+                raise bad(name, f"a number in [{lo:g}, {hi:g}]")
+        lo, hi = REPETITION_RANGE
+        if not _is_real(self.repetition_penalty) or not lo <= self.repetition_penalty <= hi:
+            raise bad("repetition_penalty", f"a number in [{lo:g}, {hi:g}] (1 = off)")
+        bias = _logit_bias(self.logit_bias)
+        if bias is None:
+            lo, hi = LOGIT_BIAS_RANGE
+            raise bad("logit_bias", f"(token id >= 0, bias in [{lo:g}, {hi:g}]) pairs, each id once")
+        self.logit_bias = bias
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise bad("min_tokens", "an int >= 0")
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)
         self.min_p = float(self.min_p)
+        self.presence_penalty = float(self.presence_penalty)
+        self.frequency_penalty = float(self.frequency_penalty)
+        self.repetition_penalty = float(self.repetition_penalty)
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty, bias or min_tokens changes the logits."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _logit_bias(value) -> tuple[tuple[int, float], ...] | None:
+    """(id, bias) pairs sorted by id (a dict {id: bias} is taken too); None if malformed."""
+    if isinstance(value, dict):
+        value = value.items()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Collection):
+        return None
+    lo, hi = LOGIT_BIAS_RANGE
+    pairs = []
+    for pair in value:
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Collection) or len(pair) != 2:
+            return None
+        token, bias = pair
+        if not _is_int(token) or token < 0 or not _is_real(bias) or not lo <= bias <= hi:
+            return None
+        pairs.append((token, float(bias)))
+    pairs.sort()
+    if len({t for t, _ in pairs}) != len(pairs):
+        return None
+    return tuple(pairs)
 
 
 class FinishReason(str, Enum):
@@ -84,6 +144,12 @@ def finish_reason(token: int, params: SamplingParams, eos_token_ids, num_output:
     if num_output >= params.max_tokens or num_total >= max_len:
         return FinishReason.LENGTH
     return None
+
+
+def ending_tokens(params: SamplingParams, eos_token_ids) -> tuple[int, ...]:
+    """The token ids that end the sequence (`finish_reason`'s STOP and EOS), sorted: what `min_tokens` masks."""
+    eos = () if params.ignore_eos else eos_token_ids
+    return tuple(sorted({*params.stop_token_ids, *eos}))
 
 
 def speculation_room(k: int, params: SamplingParams, num_output: int, num_total: int, max_len: int) -> int:

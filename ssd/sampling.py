@@ -24,6 +24,14 @@ Contract
   CDF, so for the same generator state it picks the token ``sample`` would.
 * ``is_stop``: a stop token always stops; an EOS token stops unless
   ``ignore_eos``.
+* ``penalize(logits[T, V], params, tokens, prompt_len, ending, drafted)``
+  applies a request's logit bias, ``min_tokens`` and its repetition,
+  frequency and presence penalties (``ssd.params`` has the rules) to the
+  logits of T consecutive positions after ``tokens`` (the prompt, its first
+  ``prompt_len``, then the output so far): row i is the position after
+  ``tokens + drafted[:i]``, penalised as if ``drafted[:i]`` were committed, so a
+  verify's K+1 rows equal K+1 autoregressive steps. Float32 out; the
+  operations are elementwise, so a row's values do not depend on T.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ __all__ = [
     "SamplingParams",
     "is_stop",
     "make_generator",
+    "penalize",
     "probs_from_logits",
     "sample",
     "sample_sparse",
@@ -113,6 +122,46 @@ def probs_from_logits(logits: Tensor, params: SamplingParams | Sequence[Sampling
         idx = torch.tensor([i for i, g in enumerate(greedy) if g], device=logits.device)
         probs[idx] = _one_hot_argmax(logits[idx])
     return probs
+
+
+def penalize(logits: Tensor, params: SamplingParams, tokens: Sequence[int], prompt_len: int,
+             ending: Collection[int] = (), drafted: Sequence[int] = ()) -> Tensor:
+    """``logits[T, V]`` of the positions after ``tokens + drafted[:i]`` (i = 0..T-1) with ``params``'
+    penalties and biases applied (see the module docstring); ``ending``: the ids ``min_tokens`` masks."""
+    T, V = logits.shape
+    if len(drafted) < T - 1:
+        raise ValueError(f"{T} rows need {T - 1} drafted tokens, got {len(drafted)}")
+    x = logits.float()
+    dev = x.device
+    if params.logit_bias:
+        ids = torch.tensor([t for t, _ in params.logit_bias], device=dev)
+        x = x.index_add(1, ids, torch.tensor([[b for _, b in params.logit_bias]], device=dev).expand(T, -1))
+    generated = len(tokens) - prompt_len
+    if params.min_tokens > generated and ending:
+        held = (torch.arange(T, device=dev) + generated < params.min_tokens)[:, None]   # rows still under it
+        mask = torch.zeros(V, dtype=torch.bool, device=dev)
+        mask[torch.tensor(sorted(ending), device=dev)] = True
+        x = x.masked_fill(held & mask, float("-inf"))
+    if params.repetition_penalty == 1.0 and not params.frequency_penalty and not params.presence_penalty:
+        return x
+    # counts[i]: each token's occurrences in the output before row i (the committed output, then drafted[:i])
+    out = torch.tensor(list(tokens[prompt_len:]) + list(drafted[:T - 1]), dtype=torch.long, device=dev)
+    steps = torch.zeros(T, out.numel(), device=dev)
+    steps[:, :generated] = 1.0
+    if T > 1:
+        steps[1:, generated:] = torch.ones(T - 1, T - 1, device=dev).tril()
+    counts = torch.zeros(T, V, device=dev).index_add_(1, out, steps) if out.numel() else torch.zeros(T, V, device=dev)
+    if params.repetition_penalty != 1.0:
+        seen = counts > 0
+        if prompt_len:
+            seen[:, torch.tensor(list(tokens[:prompt_len]), dtype=torch.long, device=dev)] = True
+        p = params.repetition_penalty
+        x = torch.where(seen, torch.where(x > 0, x / p, x * p), x)
+    if params.frequency_penalty:
+        x = x - params.frequency_penalty * counts
+    if params.presence_penalty:
+        x = x - params.presence_penalty * (counts > 0).float()
+    return x
 
 
 def make_generator(seed: int | None) -> torch.Generator | None:

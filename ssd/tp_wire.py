@@ -36,7 +36,7 @@ from ssd.wire.kinds import (WireError, _Array, _Bad, _Bool, _Float, _Int, _Ints,
 __all__ = ["MAX_OP_ARRAYS", "MAX_OP_BYTES", "MAX_OP_ITEMS", "MAX_PEER_BYTES", "MESSAGE_TYPES", "TP_VERSION", "Free",
            "Item", "Prefill", "Request", "Restore", "Stop", "TPWireError", "Verify", "decode", "encode"]
 
-TP_VERSION = 1
+TP_VERSION = 2                # 2: penalties in the parameters, Request.prompt_len
 MAX_OP_BYTES = 256 << 20     # bytes per message (several data-plane Verify frames merge into one verify)
 MAX_OP_ITEMS = 1 << 16       # requests or items per message
 MAX_OP_TOKENS = 1 << 20      # ints per token list
@@ -95,19 +95,23 @@ SeqId = tuple[bytes, int]
 PARAMS = _Params({"temperature": _Float(0.0), "top_k": ID, "top_p": _Float(0.0, 1.0), "min_p": _Float(0.0, 1.0),
                   "seed": _Optional(_Int(64)), "max_tokens": ID, "stop_token_ids": _Ints("MAX_OP_TOKENS", 63,
                                                                                          MAX_OP_TOKENS),
-                  "ignore_eos": FLAG}, SamplingParams)
+                  "ignore_eos": FLAG, "presence_penalty": _Float(-2.0, 2.0), "frequency_penalty": _Float(-2.0, 2.0),
+                  "repetition_penalty": _Float(0.0), "logit_bias": _List(_tuple(_Int(31), _Float(-100.0, 100.0)),
+                                                                          "MAX_OP_TOKENS", MAX_OP_TOKENS),
+                  "min_tokens": ID}, SamplingParams)
 
 
 def _many(cls) -> _List:
     return _List(_SPECS[cls], "MAX_OP_ITEMS", MAX_OP_ITEMS)
 
 
-@_message(seq_id=SEQ_ID, tokens=TOKENS, params=PARAMS)
+@_message(seq_id=SEQ_ID, tokens=TOKENS, params=PARAMS, prompt_len=ID)
 @dataclass(slots=True)
 class Request:
     seq_id: SeqId
     tokens: list[int]
     params: SamplingParams
+    prompt_len: int = 0   # how many of `tokens` are the prompt (0 = all of them)
 
 
 @_message(seq_id=SEQ_ID, tokens=TOKENS, proposal=_Optional(_Rows("d")))

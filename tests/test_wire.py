@@ -16,7 +16,9 @@ from ssd.wire import (MAX_FRAME_BYTES, MAX_ITEMS, MESSAGE_TYPES, PROTOCOL_VERSIO
 
 ROW_A = ([3, 17, 40], [0.5, 0.25, 0.25])         # float32-exact probabilities round-trip exactly
 ROW_B = ([0, 2**31 - 1], [1.0, 0.0])
-SAMPLING = SamplingSpec(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, seed=2**64 - 1)
+SAMPLING = SamplingSpec(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, seed=2**64 - 1, presence_penalty=-2.0,
+                        frequency_penalty=0.5, repetition_penalty=1.2, logit_bias=[(0, -100.0), (2**31 - 1, 3.5)],
+                        min_tokens=3, ending=[2, 7])
 DRAFT_PARAMS = DraftParamsSpec(temperature=1.0, top_k=32, saguaro_c=0.5, saguaro_f=3, seed=None)
 HALVES = np.array([[0.5, -1.0, 2.0], [65504.0, 0.0, -0.25]], "<f2").tobytes()   # two float16 rows of 3
 
@@ -26,7 +28,7 @@ EXAMPLES = [
           fanout=[4, 2, 1, 1, 1], feature_size=576),
     Ping(nonce=2**64 - 1),
     Pong(nonce=0),
-    Prefill(items=[PrefillItem(seq=1, tokens=[1, 2, 3], sampling=SAMPLING),
+    Prefill(items=[PrefillItem(seq=1, tokens=[1, 2, 3], sampling=SAMPLING, prompt_len=2),
                    PrefillItem(seq=2, tokens=[], sampling=SamplingSpec(0.0, 0, 1.0, 0.0, None))], features=True),
     Prefilled(items=[(1, 42), (2, 7)], elapsed_s=0.0125, features=[(1, 0, HALVES), (2, 2**63 - 1, b"")]),
     Verify(batch_id=9, items=[VerifyItem(seq=1, tokens=[3, 0], proposal=[ROW_A, ROW_B]),
@@ -146,7 +148,7 @@ def test_oversized_payload_is_refused_before_unpacking():
 
 
 def test_wrong_version_names_both_versions():
-    assert PROTOCOL_VERSION == 3
+    assert PROTOCOL_VERSION == 4
     message = rejects(frames(Ping, 1, version=2), "Ping", "version 2", f"version {PROTOCOL_VERSION}")
     assert "not supported" in message
     rejects(frames(Ping, 1, version="1"), "Ping", "version str '1'")
@@ -170,7 +172,14 @@ def test_field_rejections_name_message_and_field():
     rejects(frames(DraftRound, [[1, 0, [5], [1, 2**31], None]], []), "DraftRound.items[0].spec[1]", "2**31")
     rejects(frames(DraftRound, []), "DraftRound: expected the 2 fields", "got 1 values")   # a version-2 payload
     rejects(frames(DraftRound, [], [2, "1"]), "DraftRound.fanout[1]: expected an int")
-    rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, 0.0, None]]], False), "Prefill.items[0].sampling.top_p")
+    spec = [0.5, 0, 1.0, 0.0, None, 0.0, 0.0, 1.0, [], 0, []]
+    rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, *spec[3:]], 0]], False), "Prefill.items[0].sampling.top_p")
+    rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, 0.0, None], 0]], False), "sampling: expected the 11 fields")
+    rejects(frames(Prefill, [[1, [1], spec[:5] + [2.5] + spec[6:], 0]], False),
+            "Prefill.items[0].sampling.presence_penalty: expected a finite float in [-2.0, 2.0]")
+    rejects(frames(Prefill, [[1, [1], spec[:8] + [[[3, 101.0]]] + spec[9:], 0]], False),
+            "Prefill.items[0].sampling.logit_bias[0][1]")
+    rejects(frames(Prefill, [[1, [1], spec, -1]], False), "Prefill.items[0].prompt_len")
     rejects(frames(Error, "c", "m", "7"), "Error.seq: expected an int")
 
 

@@ -34,6 +34,7 @@ class Limits:
     max_prompt_chars: int = 1_000_000   # raw text, or all chat messages' contents together
     max_stop_token_ids: int = 64
     max_request_id_chars: int = 256
+    max_logit_bias: int = 1024       # token ids one request may bias
 
 
 @dataclass(slots=True)
@@ -109,7 +110,9 @@ class Frontend:
     def build(self, *, text: str | None = None, token_ids: list[int] | None = None,
               messages: list[dict] | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
               min_p: float = 0.0, seed: int | None = None, max_tokens: int | None = None, stop=(),
-              stop_token_ids=(), ignore_eos: bool = False, mode: str = "", k: int = 0, request_id: str = "",
+              stop_token_ids=(), ignore_eos: bool = False, presence_penalty: float = 0.0,
+              frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logit_bias: dict | None = None,
+              min_tokens: int = 0, mode: str = "", k: int = 0, request_id: str = "",
               timeout_s: float | None = None) -> GenerationRequest:
         lim = self.limits
         if not isinstance(request_id, str) or len(request_id) > lim.max_request_id_chars:
@@ -140,10 +143,19 @@ class Frontend:
             raise ValueError(f"stop_token_ids: at most {lim.max_stop_token_ids} token ids")
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in stop_token_ids):
             raise ValueError(f"stop_token_ids: must be integers in [0, {vocab})")
+        logit_bias = dict(logit_bias or {})
+        if len(logit_bias) > lim.max_logit_bias:
+            raise ValueError(f"logit_bias: at most {lim.max_logit_bias} token ids")
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in logit_bias):
+            raise ValueError(f"logit_bias: token ids must be integers in [0, {vocab})")
+        if not isinstance(min_tokens, int) or not 0 <= min_tokens <= max_tokens:
+            raise ValueError(f"min_tokens: must be an integer in 0..max_tokens ({max_tokens}), got {min_tokens!r}")
         try:
             params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                     max_tokens=max_tokens, stop_token_ids=tuple(stop_token_ids),
-                                    ignore_eos=ignore_eos)
+                                    ignore_eos=ignore_eos, presence_penalty=presence_penalty,
+                                    frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
+                                    logit_bias=logit_bias, min_tokens=min_tokens)
         except ValueError as e:
             raise ValueError(re.sub(r"^SamplingParams\.(\w+) ", r"\1: ", str(e))) from None
         deadline = time.monotonic() + timeout_s if timeout_s is not None else None
@@ -205,14 +217,17 @@ class Frontend:
         p = g.params
         return {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p, "seed": p.seed,
                 "max_tokens": p.max_tokens, "stop_token_ids": list(p.stop_token_ids), "ignore_eos": p.ignore_eos,
-                "stop": list(g.stop), "mode": g.mode, "k": g.k}
+                "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+                "repetition_penalty": p.repetition_penalty, "logit_bias": [list(b) for b in p.logit_bias],
+                "min_tokens": p.min_tokens, "stop": list(g.stop), "mode": g.mode, "k": g.k}
 
     def resumed(self, record, skip: int, timeout_s: float | None = None) -> GenerationRequest:
         """The request a journal record describes, continuing after its committed tokens; the client has the
         first `skip` of them."""
         p = dict(record.params)
         stop, mode, k = tuple(p.pop("stop")), p.pop("mode"), p.pop("k")
-        params = SamplingParams(**{**p, "stop_token_ids": tuple(p["stop_token_ids"])})
+        params = SamplingParams(**{**p, "stop_token_ids": tuple(p["stop_token_ids"]),
+                                   "logit_bias": tuple(tuple(b) for b in p.get("logit_bias", ()))})
         deadline = time.monotonic() + timeout_s if timeout_s is not None else None
         finished = FinishReason(record.finish) if record.finish else None
         return GenerationRequest(record.request_id, list(record.prompt), params, stop, mode, k, deadline,
@@ -230,7 +245,7 @@ class Frontend:
             return self.core.submit(g.request_id, g.prompt, g.params, g.mode, g.k, g.deadline, events)
         params = dataclasses.replace(g.params, max_tokens=g.params.max_tokens - len(g.resumed))
         return self.core.submit(g.request_id, g.prompt + g.resumed, params, g.mode, g.k, g.deadline, events,
-                                replace=g.epoch > 1)
+                                replace=g.epoch > 1, prompt_len=len(g.prompt))
 
     def _final(self, req, out: _Output, reason: FinishReason, error: str | None = None,
                g: GenerationRequest | None = None) -> Final:

@@ -17,16 +17,15 @@ WHAT = {NUMBER: "a number", INT: "an integer", BOOL: "a boolean", STR: "a string
 
 # read by `parse`, on both endpoints or on one
 HONOURED = frozenset({"model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                      "stop_token_ids", "ignore_eos", "max_tokens", "user", "speculation"})
+                      "stop_token_ids", "ignore_eos", "max_tokens", "user", "speculation", "presence_penalty",
+                      "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens"})
 CHAT_ONLY = frozenset({"messages", "max_completion_tokens"})
 COMPLETION_ONLY = frozenset({"prompt"})
 # accepted at exactly these values, which change nothing
 NO_OP = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False,), "top_logprobs": (0,),
          "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
          "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",), "store": (False,),
-         "service_tier": ("auto", "default"), "modalities": (["text"],), "presence_penalty": (0, 0.0),
-         "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0), "logit_bias": ({},), "min_tokens": (0,),
-         "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
+         "service_tier": ("auto", "default"), "modalities": (["text"],), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
          "include_stop_str_in_output": (False,), "add_generation_prompt": (True,), "add_special_tokens": (False,),
          "continue_final_message": (False,), "use_beam_search": (False,), "length_penalty": (1, 1.0),
          "return_tokens_as_token_ids": (False,), "priority": (0,)}
@@ -120,9 +119,24 @@ def parse(body: dict, chat: bool) -> Parsed:
                  seed=get(body, "seed", INT), max_tokens=max_tokens, stop=get(body, "stop", STOP, ()),
                  stop_token_ids=get(body, "stop_token_ids", LIST, ()),
                  ignore_eos=get(body, "ignore_eos", BOOL, False),
+                 presence_penalty=get(body, "presence_penalty", NUMBER, 0.0),
+                 frequency_penalty=get(body, "frequency_penalty", NUMBER, 0.0),
+                 repetition_penalty=get(body, "repetition_penalty", NUMBER, 1.0),
+                 logit_bias=_logit_bias(get(body, "logit_bias", OBJECT, {})),
+                 min_tokens=get(body, "min_tokens", INT, 0),
                  mode=get(spec, "mode", STR, "", "speculation.mode"), k=get(spec, "k", INT, 0, "speculation.k"))
     return Parsed(build, get(body, "stream", BOOL, False),
                   get(opts, "include_usage", BOOL, False, "stream_options.include_usage"), get(body, "user", STR))
+
+
+def _logit_bias(bias: dict) -> dict[int, float]:
+    """OpenAI's {"token id": bias} -> {id: bias}; the ids' range and the biases' are Frontend.build's to check."""
+    out = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()):
+            raise ValueError(f"logit_bias: keys must be token ids (integers, as strings), got {key[:40]!r}")
+        out[int(key)] = get(bias, key, NUMBER, param=f"logit_bias[{key}]")
+    return out
 
 
 def _prompt(p) -> dict:

@@ -43,7 +43,10 @@ def request_fields(request) -> dict:
     return dict(**prompt, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p or 1.0, min_p=s.min_p,
                 seed=s.seed if s.HasField("seed") else None, max_tokens=request.max_tokens or None,
                 stop=list(request.stop), stop_token_ids=list(request.stop_token_ids), ignore_eos=request.ignore_eos,
-                mode="ar" if spec.off else spec.mode, k=spec.k, request_id=request.request_id)
+                presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+                repetition_penalty=s.repetition_penalty or 1.0, logit_bias=dict(s.logit_bias),
+                min_tokens=request.min_tokens, mode="ar" if spec.off else spec.mode, k=spec.k,
+                request_id=request.request_id)
 
 
 def stats_pb(st, mode: str) -> pb.SpeculationStats:

@@ -5,7 +5,8 @@ KV blocks for their tokens) or decodes one token for every running sequence. A p
 longest prefix the KV cache already holds (prefix caching), so only its new tokens are computed. When a
 decode step needs a block and none is free, the most recently admitted sequence is preempted: its KV is
 dropped and it goes back to the front of the queue, to be recomputed (prompt and output so far) when it fits.
-The same model code and sampling serve SD and SSD, so this engine is the reference they must match.
+The same model code and sampling (penalties and biases included: `ssd.sampling.penalize` on each step's logits)
+serve SD and SSD, so this engine is the reference they must match.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from ssd.models.blocks import PrefixStats
 from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for, default_kv_tokens
-from ssd.sampling import probs_from_logits, sample
+from ssd.params import ending_tokens
+from ssd.sampling import penalize, probs_from_logits, sample
 
 
 class AREngine(Engine):
@@ -67,7 +69,14 @@ class AREngine(Engine):
             hidden = self.forward(fb, self.cache)[:, -1]
         else:
             return []
-        probs = probs_from_logits(self.model.logits(hidden), [s.params for s in batch])
+        logits = self.model.logits(hidden)
+        if any(s.params.penalized for s in batch):
+            logits = logits.float()
+            for b, s in enumerate(batch):
+                if s.params.penalized:
+                    logits[b] = penalize(logits[b:b + 1], s.params, s.prompt + s.output, len(s.prompt),
+                                         ending_tokens(s.params, self.eos_token_ids))[0]
+        probs = probs_from_logits(logits, [s.params for s in batch])
         tokens = sample(probs, [s.generator for s in batch]).tolist()
         for seq, tok in zip(batch, tokens):
             seq.append(tok, self.eos_token_ids, self.max_len)

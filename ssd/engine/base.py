@@ -24,7 +24,10 @@ class Engine:
             raise ValueError(f"prompt has {len(prompt)} tokens; the maximum sequence length is {self.max_len}")
         if min(prompt) < 0 or max(prompt) >= self.vocab_size:
             raise ValueError(f"prompt token ids must lie in [0, {self.vocab_size})")
-        seq = Sequence(list(prompt), params or SamplingParams())
+        params = params or SamplingParams()
+        if params.logit_bias and params.logit_bias[-1][0] >= self.vocab_size:
+            raise ValueError(f"logit_bias token ids must lie in [0, {self.vocab_size})")
+        seq = Sequence(list(prompt), params)
         self.waiting.append(seq)
         return seq
 

@@ -1,7 +1,9 @@
 """The target's role: own the target model and its KV cache, prefill sequences and verify speculations.
 
 It knows nothing of drafts or caches. A sequence is added with its prompt and sampling parameters; prefill
-returns the first token. `verify` takes, per sequence, a speculation (a `wire.VerifyItem`: 0..K tokens, and
+returns the first token. A sequence's penalties and biases apply to every position a verify computes, as if the
+drafted tokens before it were committed (`ssd.sampling.penalize`), so the outcome is the one autoregressive
+decoding would give. `verify` takes, per sequence, a speculation (a `wire.VerifyItem`: 0..K tokens, and
 when sampling the sparse proposal q each token was drawn from; None: greedy, one-hot) and returns its
 `wire.Outcome` `(j, t*)`: j tokens accepted and the token the target emits after them. Items and outcomes name
 the sequence by the worker's own key (`seq`: whatever `prefill` added it as; the handler uses (peer, seq)). The
@@ -21,7 +23,7 @@ from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for, default_kv_tokens
 from ssd.engine.features import FeatureBlock
-from ssd.sampling import SamplingParams, make_generator, probs_from_logits, sample
+from ssd.sampling import SamplingParams, make_generator, penalize, probs_from_logits, sample
 from ssd.spec.check import speculation_problem
 from ssd.engine.verify import verify_greedy_batch, verify_sampling
 from ssd.wire import Outcome, VerifyItem
@@ -32,6 +34,7 @@ class _TargetSeq:
     tokens: list[int]
     params: SamplingParams
     slot: int
+    prompt_len: int                 # tokens[:prompt_len] are the prompt, the rest its output (for penalties)
     generator: torch.Generator | None = field(default=None)
     kv: int = 0     # tokens[:kv] have KV in the cache (0 after preemption: recomputed when next used)
     used: int = 0   # the last forward that used it (preemption takes the least recently used first)
@@ -84,8 +87,14 @@ class TargetWorker:
         the features of the prompt positions this call computed (prefix-cache hits are not recomputed)."""
         new = self._add(requests, lambda n: 0 < n < self.max_len, "prompt length {n} must be in 1..{m}")
         hidden, blocks = self._run([(s, []) for s in new], prefill=True, features=features)
-        self.last_features = {seq_id: blk for (seq_id, _, _), blk in zip(requests, blocks)}
-        probs = probs_from_logits(self.model.logits(torch.cat(hidden)), [s.params for s in new])
+        self.last_features = {seq_id: blk for (seq_id, *_), blk in zip(requests, blocks)}
+        logits = self.model.logits(torch.cat(hidden))
+        if any(s.params.penalized for s in new):
+            logits = logits.float()
+            for b, s in enumerate(new):
+                if s.params.penalized:
+                    logits[b] = self._penalize(s, logits[b:b + 1], [])[0]
+        probs = probs_from_logits(logits, [s.params for s in new])
         firsts = sample(probs, [s.generator for s in new]).tolist()
         for s, t in zip(new, firsts):
             s.tokens.append(t)
@@ -93,13 +102,19 @@ class TargetWorker:
 
     def _add(self, requests, ok, problem) -> list[_TargetSeq]:
         new = []
-        for seq_id, tokens, params in requests:
+        vocab = self.model.cfg.vocab_size
+        for _, tokens, params, *prompt_len in requests:
             if not ok(len(tokens)):
                 raise ValueError(problem.format(n=len(tokens), m=self.max_len - 1, M=self.max_len))
-        for seq_id, tokens, params in requests:
+            if not 0 < (prompt_len or [len(tokens)])[0] <= len(tokens):
+                raise ValueError(f"prompt length must be in 1..{len(tokens)}, got {prompt_len[0]}")
+            if params.logit_bias and params.logit_bias[-1][0] >= vocab:
+                raise ValueError(f"logit_bias token ids must lie in [0, {vocab})")
+        for seq_id, tokens, params, *prompt_len in requests:
             if seq_id in self.seqs:
                 raise ValueError(f"sequence {seq_id} already exists on the target")
-            seq = _TargetSeq(list(tokens), params, self.cache.allocate(), make_generator(params.seed))
+            seq = _TargetSeq(list(tokens), params, self.cache.allocate(), (prompt_len or [len(tokens)])[0],
+                             make_generator(params.seed))
             self.seqs[seq_id] = seq
             new.append(seq)
         return new
@@ -185,14 +200,14 @@ class TargetWorker:
         return speculation_problem(item.tokens, None if seq.params.greedy else item.proposal,
                                    self.model.cfg.vocab_size)
 
-    def restore(self, requests: list[tuple[int, list[int], SamplingParams]]) -> None:
-        """Re-create sequences from all their committed tokens (another target failed), nothing sampled. Their
-        KV (all but the last token) is computed by the next verify, which continues exactly where the lost
-        target stopped."""
-        for _, tokens, _ in requests:
+    def restore(self, requests: list[tuple[int, list[int], SamplingParams, int]]) -> None:
+        """Re-create sequences from all their committed tokens (another target failed), nothing sampled; each
+        request is (seq_id, tokens, params, prompt length). Their KV (all but the last token) is computed by the
+        next verify, which continues exactly where the lost target stopped."""
+        for _, tokens, *_ in requests:
             if not 1 < len(tokens) <= self.max_len:
                 raise ValueError(f"restore needs 2..{self.max_len} committed tokens, got {len(tokens)}")
-        for seq_id, _, _ in requests:
+        for seq_id, *_ in requests:
             self.free(seq_id)
         self._add(requests, lambda n: True, "")
 
@@ -219,7 +234,20 @@ class TargetWorker:
         self.last_verify_s = time.perf_counter() - t0
         return outcomes
 
+    @staticmethod
+    def _penalize(s: _TargetSeq, logits: torch.Tensor, drafted: list[int]) -> torch.Tensor:
+        """The sequence's penalties and biases on the logits of the positions after its tokens and each prefix of
+        `drafted`. The router names every token that ends the sequence in its stop ids (EOS included), so those
+        are what `min_tokens` masks."""
+        return penalize(logits, s.params, s.tokens, s.prompt_len, s.params.stop_token_ids, drafted)
+
     def _outcomes(self, items, seqs, logits) -> list[Outcome]:
+        if any(s.params.penalized for s in seqs):
+            logits = logits.float()
+            for b, (it, s) in enumerate(zip(items, seqs)):
+                if s.params.penalized:
+                    K = len(it.tokens)
+                    logits[b, :K + 1] = self._penalize(s, logits[b, :K + 1], list(it.tokens))
         B, W = logits.shape[:2]
         outcomes: list[Outcome | None] = [None] * B
         greedy = [b for b, s in enumerate(seqs) if s.params.greedy]

@@ -29,6 +29,17 @@ from ssd.sampling import SamplingParams
 log = logging.getLogger("ssd.target")
 
 
+def sampling_params(s: wire.SamplingSpec, vocab: int) -> SamplingParams:
+    """A Prefill's sampling as the target samples with it: the tokens `min_tokens` masks (the sequence's ending
+    tokens, EOS included, as the router names them) become its stop ids. ValueError naming what is wrong."""
+    if any(t >= vocab for t, _ in s.logit_bias) or any(t >= vocab for t in s.ending):
+        raise ValueError(f"logit_bias and ending token ids must be in [0, {vocab})")
+    return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed,
+                          presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+                          repetition_penalty=s.repetition_penalty, logit_bias=s.logit_bias, min_tokens=s.min_tokens,
+                          stop_token_ids=tuple(s.ending), ignore_eos=True)
+
+
 class TargetHandler(Handler):
     """The target's logic over a `TargetWorker` (or its tensor-parallel leader, `ssd/engine/target_tp.py`)."""
 
@@ -65,10 +76,8 @@ class TargetHandler(Handler):
         vocab = self.worker.model.cfg.vocab_size
         requests, seqs = [], []
         for item in msg.items:
-            s = item.sampling
             try:
-                params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
-                                        seed=s.seed)
+                params = sampling_params(item.sampling, vocab)
             except ValueError as e:
                 self._error(peer, "invalid_argument", str(e), item.seq)
                 continue
@@ -76,8 +85,12 @@ class TargetHandler(Handler):
                 self._error(peer, "invalid_argument",
                             f"prompt needs 1..{self.worker.max_len} token ids in [0, {vocab})", item.seq)
                 continue
+            if item.prompt_len > len(item.tokens):
+                self._error(peer, "invalid_argument", f"prompt_len {item.prompt_len} is past the {len(item.tokens)} "
+                                                      f"tokens sent", item.seq)
+                continue
             self.worker.free((peer, item.seq))  # a re-prefill (after a router retry) replaces the old state
-            requests.append(((peer, item.seq), item.tokens, params))
+            requests.append(((peer, item.seq), item.tokens, params, item.prompt_len or len(item.tokens)))
             seqs.append(item.seq)
         while len(requests) > self.worker.free_slots:
             requests.pop()

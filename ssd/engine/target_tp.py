@@ -72,17 +72,17 @@ class OpChannel:
 
 
 def _requests(requests) -> list[tp_wire.Request]:
-    return [tp_wire.Request(seq_id, list(tokens), p) for seq_id, tokens, p in requests]
+    return [tp_wire.Request(seq_id, list(tokens), p, (n or [0])[0]) for seq_id, tokens, p, *n in requests]
 
 
 def _calls(requests: list[tp_wire.Request]) -> list:
-    return [(r.seq_id, r.tokens, r.params) for r in requests]
+    return [(r.seq_id, r.tokens, r.params, r.prompt_len or len(r.tokens)) for r in requests]
 
 
 def _seeded(requests) -> list:
     """Give each sampled request without a seed one, so that every rank samples alike."""
-    return [(seq_id, tokens, p if p.greedy or p.seed is not None else dataclasses.replace(p, seed=secrets.randbits(63)))
-            for seq_id, tokens, p in requests]
+    return [(seq_id, tokens, p if p.greedy or p.seed is not None else dataclasses.replace(p, seed=secrets.randbits(63)),
+             *n) for seq_id, tokens, p, *n in requests]
 
 
 class MirroredTarget:

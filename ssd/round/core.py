@@ -19,7 +19,7 @@ from typing import Callable
 
 from ssd import wire
 from ssd.engine.stats import SpecStats
-from ssd.params import FinishReason, SamplingParams, finish_reason, speculation_room
+from ssd.params import FinishReason, SamplingParams, ending_tokens, finish_reason, speculation_room
 from ssd.round.batches import BatchLedger
 from ssd.round.dispatch import Dispatcher
 from ssd.round.features import FeatureLedger
@@ -90,10 +90,14 @@ class RoundCore:
         return self.pool.vocab_size
 
     def submit(self, rid: str, prompt: list[int], params: SamplingParams, mode: str = "", k: int = 0,
-               deadline: float | None = None, events=None, replace: bool = False) -> Request:
+               deadline: float | None = None, events=None, replace: bool = False, prompt_len: int = 0) -> Request:
+        """Queue a request. `prompt_len`: how many of `prompt` the client sent (0 = all; a resumed request's prompt
+        holds its journaled output after them, which penalties count as output)."""
         mode = mode or self.cfg.mode
+        if params.logit_bias and self.vocab_size and params.logit_bias[-1][0] >= self.vocab_size:
+            raise ValueError(f"logit_bias: token ids must be in [0, {self.vocab_size})")
         return self.intake.submit(rid, prompt, params, mode, k, self.pool.k,
-                                  bool(self.pool.drafts) or self.dynamic_pool, deadline, events, replace)
+                                  bool(self.pool.drafts) or self.dynamic_pool, deadline, events, replace, prompt_len)
 
     def abort(self, req: Request, reason: FinishReason = FinishReason.ABORT) -> None:
         self.intake.abort(req, reason)
@@ -147,10 +151,8 @@ class RoundCore:
                 self.members.orphan(req, kind)
                 continue
             self.members.adopted(req)
-            s = req.params
             tokens = req.prompt if kind is wire.Prefill else req.tokens
-            item = wire.PrefillItem(req.seq, tokens, wire.SamplingSpec(s.temperature, s.top_k, s.top_p, s.min_p,
-                                                                       s.seed))
+            item = wire.PrefillItem(req.seq, tokens, self.sampling_spec(req), req.prompt_len or len(req.prompt))
             items.setdefault(req.target, []).append((item, self.features.wanted(req)))
         for target, group in items.items():
             if kind is wire.Prefill:
@@ -160,6 +162,14 @@ class RoundCore:
                         target.send(wire.Prefill(part, wants))
             else:
                 target.send(kind([it for it, _ in group]))
+
+    def sampling_spec(self, req: Request) -> wire.SamplingSpec:
+        """How the target samples the request's tokens: its parameters, and the tokens that end it (which
+        `min_tokens` holds back; the target knows no EOS of its own)."""
+        s = req.params
+        ending = list(ending_tokens(s, self.eos)) if s.min_tokens else []
+        return wire.SamplingSpec(s.temperature, s.top_k, s.top_p, s.min_p, s.seed, s.presence_penalty,
+                                 s.frequency_penalty, s.repetition_penalty, list(s.logit_bias), s.min_tokens, ending)
 
     # ---- the round ------------------------------------------------------------------------------
     def room(self, req: Request) -> int:

@@ -20,7 +20,8 @@ class Intake:
         self._seqs = itertools.count(1)
 
     def submit(self, rid: str, prompt: list[int], params: SamplingParams, mode: str, k: int, max_k: int,
-               has_drafts: bool, deadline: float | None = None, events=None, replace: bool = False) -> Request:
+               has_drafts: bool, deadline: float | None = None, events=None, replace: bool = False,
+               prompt_len: int = 0) -> Request:
         """Queues a request. `replace`: a running request with the same id is aborted and this one takes its id
         (a client resuming its own stream)."""
         if mode not in MODES:
@@ -36,7 +37,7 @@ class Intake:
             if old is not None:
                 self.abort(old)
             req = Request(rid, next(self._seqs), list(prompt), params, events or queue.Queue(), mode, k, deadline,
-                          self.clock())
+                          self.clock(), prompt_len)
             self._by_rid[rid] = req
         self._incoming.put(req)
         return req

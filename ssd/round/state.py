@@ -44,6 +44,7 @@ class Request:
     pinned_k: int = 0              # the request's own K (0: the core chooses, up to the draft's K)
     deadline: float | None = None  # the core's clock() after which the request ends with TIME_LIMIT
     arrival: float = 0.0           # the core's clock() at submit
+    prompt_len: int = 0            # tokens of `prompt` the client sent (0 = all; a resumed one's continues it)
     admitted_at: float | None = None   # the core's clock() when it was admitted (its prefill sent)
     output: list[int] = field(default_factory=list)
     phase: Phase = Phase.PREFILL

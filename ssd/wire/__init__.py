@@ -31,8 +31,10 @@ Contract
   exactness never depends on features).
 * Flags are msgpack booleans; decode refuses ints in their place.
 * Fields added after version 1 (``Ready.feature_size``, the ``features`` fields; ``DraftRound.fanout`` in
-  version 3) come last and have defaults (0, False, empty, None), so a message built without them means "no
-  features" ("the draft's own fan-out"); on the wire every field is always present.
+  version 3; in version 4 the penalties, biases and ``min_tokens`` of ``SamplingSpec`` and
+  ``PrefillItem.prompt_len``) come last and have defaults (0, False, empty, None, no penalty), so a message
+  built without them means "no features" ("the draft's own fan-out", "no penalty"); on the wire every field
+  is always present.
 * The codec checks each field, not relations between fields (rows vs tokens): those are the receivers'.
 
 Type bytes::

@@ -10,10 +10,13 @@ from dataclasses import dataclass, field
 
 from ssd.wire.codec import _SPECS, _items, _wire
 from ssd.wire.features import SEQ_FEATURES
-from ssd.wire.kinds import FLAG, ID, PROPOSAL, SECONDS, SEED, TOKEN, TOKENS, UNIT, Row, _Ints, _List, _tuple
+from ssd.wire.kinds import (FLAG, ID, LOGIT_BIAS, PENALTY, PROPOSAL, REPETITION, SECONDS, SEED, TOKEN, TOKENS, UNIT, Row,
+                            _Ints, _List, _tuple)
 
 
-@_wire(temperature=SECONDS, top_k=ID, top_p=UNIT, min_p=UNIT, seed=SEED)
+@_wire(temperature=SECONDS, top_k=ID, top_p=UNIT, min_p=UNIT, seed=SEED, presence_penalty=PENALTY,
+       frequency_penalty=PENALTY, repetition_penalty=REPETITION, logit_bias=LOGIT_BIAS, min_tokens=ID,
+       ending=TOKENS)
 @dataclass(slots=True)
 class SamplingSpec:
     temperature: float
@@ -21,14 +24,23 @@ class SamplingSpec:
     top_p: float
     min_p: float
     seed: int | None
+    # version 4: penalties and biases (ssd.params has the rules); `ending`: the tokens that end the sequence
+    # (its stop ids and, unless ignore_eos, EOS), which `min_tokens` masks
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)
+    min_tokens: int = 0
+    ending: list[int] = field(default_factory=list)
 
 
-@_wire(seq=ID, tokens=TOKENS, sampling=_SPECS[SamplingSpec])
+@_wire(seq=ID, tokens=TOKENS, sampling=_SPECS[SamplingSpec], prompt_len=ID)
 @dataclass(slots=True)
 class PrefillItem:
     seq: int
     tokens: list[int]
     sampling: SamplingSpec
+    prompt_len: int = 0   # version 4: how many of `tokens` are the prompt (a Restore's); 0 = all of them
 
 
 @_wire(0x10, items=_items(PrefillItem), features=FLAG)

@@ -103,6 +103,50 @@ def test_sampled_outputs_follow_target_distribution(models, name):
         assert stats.cache.get("hit", 0) > 0.2 * (sum(stats.cache.values()) - stats.cache["forced"])
 
 
+PENALISED = dict(PARAMS, presence_penalty=0.8, frequency_penalty=0.4, repetition_penalty=1.5, logit_bias={4: 1.0})
+N_PENALISED = 6_000
+
+
+def exact_penalised_ar(target, params: SamplingParams) -> dict[tuple, float]:
+    """P(t1..tT) with `params`' penalties applied by hand to each step's logits (the rules in ssd.params: the bias,
+    then Hugging Face's repetition penalty over prompt and output, then frequency and presence over the output)."""
+    prefixes = list(itertools.product(range(V), repeat=T - 1))
+    seqs = [PROMPT + list(p) for p in prefixes]
+    cache = target.make_cache(len(seqs), 16)
+    with torch.inference_mode():
+        logits = target.logits(target(ForwardBatch.ragged(seqs, [0] * len(seqs), list(range(len(seqs)))), cache))
+    n, out = len(PROMPT), {}
+    for i, prefix in enumerate(prefixes):
+        rows = []
+        for step in range(T):
+            x, output = logits[i, n - 1 + step].double().clone(), list(prefix[:step])
+            for tok, bias in params.logit_bias:
+                x[tok] += bias
+            for tok in set(PROMPT) | set(output):
+                x[tok] = x[tok] / params.repetition_penalty if x[tok] > 0 else x[tok] * params.repetition_penalty
+            for tok in set(output):
+                x[tok] -= params.frequency_penalty * output.count(tok) + params.presence_penalty
+            rows.append(torch.softmax(x / params.temperature, dim=-1))
+        for last in range(V):
+            toks = (*prefix, last)
+            out[toks] = float(torch.prod(torch.stack([rows[s][t] for s, t in enumerate(toks)])))
+    return out
+
+
+def test_penalised_sampling_with_speculation_follows_the_penalised_target(models):
+    """The rejection sampler verifies against the penalised target distribution at every drafted position (the
+    draft's q stays unpenalised: any q keeps the output exact). A smaller N than the cases above: one run."""
+    target, draft = models
+    engine = SpeculativeEngine(target, draft, SpecConfig(mode="ssd", k=2, budget=6, draft_top_k=0),
+                               max_batch=512, max_len=32)
+    seqs = engine.generate([PROMPT] * N_PENALISED, [SamplingParams(seed=i, **PENALISED) for i in range(N_PENALISED)])
+    samples = [tuple(s.output) for s in seqs]
+    expected = exact_penalised_ar(target, SamplingParams(**PENALISED))
+    assert chi_square_p(samples, expected) > 1e-3
+    assert chi_square_p(samples, exact_ar(target, SamplingParams(**PARAMS))) < 1e-6   # the penalties did apply
+    assert engine.stats.rounds > 0 and 0 < engine.stats.acceptance_rate < 1
+
+
 def test_top_p_target_with_speculation(models):
     target, draft = models
     params = dict(PARAMS, top_p=0.8, min_p=0.05)

@@ -173,3 +173,28 @@ def test_a_router_limit_and_default_bound_max_tokens(tok):
         front.build(text="Hi", max_tokens=501)
     near_full = [5] * (FakeCore(tok).max_len - 50)
     assert front.build(token_ids=near_full).params.max_tokens == 50   # the default, cut to what the context holds
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"presence_penalty": "high"}, "presence_penalty"), ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"repetition_penalty": 1000}, "repetition_penalty"), ({"logit_bias": {"49152": 1}}, "logit_bias"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias"), ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"logit_bias": {"5": "up"}}, "logit_bias[5]"), ({"logit_bias": [5]}, "logit_bias"),
+    ({"min_tokens": 5}, "min_tokens"), ({"min_tokens": -1}, "min_tokens"), ({"min_tokens": 1.5}, "min_tokens"),
+])
+def test_bad_penalties_and_biases_are_a_400_naming_them(served, fields, param):
+    status, body = post_json(served[0], "/v1/completions", {**COMPLETION, **fields})   # max_tokens 4
+    assert status == 400, body
+    assert_error(body, param)
+
+
+def test_penalties_and_biases_reach_the_engine(served):
+    port, core = served
+    status, body = post_json(port, "/v1/chat/completions", {
+        **CHAT, "presence_penalty": 0.5, "frequency_penalty": -0.25, "repetition_penalty": 1.2,
+        "logit_bias": {"17": -100, "5": 2.5}, "min_tokens": 3})
+    assert status == 200, body
+    p = core.last.params
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.25, 1.2)
+    assert p.logit_bias == ((5, 2.5), (17, -100.0)) and p.min_tokens == 3
