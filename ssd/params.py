@@ -10,6 +10,10 @@ ending tokens while fewer tokens have been generated; `repetition_penalty` (Hugg
 positive logit and multiplies a negative one by it for every token of the prompt or the output so far;
 `frequency_penalty` subtracts itself times a token's count in the output so far, `presence_penalty` itself once
 for every token in the output so far.
+
+`logprobs` (None = off; N in 0..MAX_LOGPROBS) asks for each generated token's log-probability under the target
+(the log-softmax of its raw logits, before temperature, penalties or truncation, in float32) and its N most
+probable alternatives: a `TokenLogprob` per token.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ _SEED_LIMIT = 2**64
 PENALTY_RANGE = (-2.0, 2.0)             # presence_penalty, frequency_penalty (OpenAI's)
 REPETITION_RANGE = (0.01, 100.0)        # repetition_penalty (1 = off); the bounds keep logits finite
 LOGIT_BIAS_RANGE = (-100.0, 100.0)      # each logit_bias value (OpenAI's)
+MAX_LOGPROBS = 20                        # alternatives per token (OpenAI's top_logprobs bound)
 
 
 def _is_int(value: object) -> bool:
@@ -47,6 +52,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias), sorted by id, each id once
     min_tokens: int = 0
+    logprobs: int | None = None   # None: no logprobs; N: each token's and its N most probable alternatives'
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
@@ -85,6 +91,8 @@ class SamplingParams:
         self.logit_bias = bias
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise bad("min_tokens", "an int >= 0")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise bad("logprobs", f"None or an int in 0..{MAX_LOGPROBS}")
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)
         self.min_p = float(self.min_p)
@@ -122,6 +130,15 @@ def _logit_bias(value) -> tuple[tuple[int, float], ...] | None:
     if len({t for t, _ in pairs}) != len(pairs):
         return None
     return tuple(pairs)
+
+
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the target and its most probable alternatives (most probable
+    first, each (token id, logprob))."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class FinishReason(str, Enum):

@@ -32,6 +32,8 @@ Contract
   ``tokens + drafted[:i]``, penalised as if ``drafted[:i]`` were committed, so a
   verify's K+1 rows equal K+1 autoregressive steps. Float32 out; the
   operations are elementwise, so a row's values do not depend on T.
+* ``token_logprobs(logits[T, V], tokens[T], n)``: each token's log-softmax
+  (float32, of the logits as given) and the n most probable alternatives.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from collections.abc import Collection, Sequence
 import torch
 from torch import Tensor
 
-from ssd.params import FinishReason, SamplingParams, finish_reason
+from ssd.params import FinishReason, SamplingParams, TokenLogprob, finish_reason
 
 __all__ = [
     "SamplingParams",
@@ -52,6 +54,7 @@ __all__ = [
     "sample",
     "sample_sparse",
     "to_dense",
+    "token_logprobs",
     "to_sparse",
 ]
 
@@ -162,6 +165,18 @@ def penalize(logits: Tensor, params: SamplingParams, tokens: Sequence[int], prom
     if params.presence_penalty:
         x = x - params.presence_penalty * (counts > 0).float()
     return x
+
+
+def token_logprobs(logits: Tensor, tokens: Sequence[int], n: int) -> list[TokenLogprob]:
+    """Row i's log-probability of ``tokens[i]`` and its ``n`` most probable tokens (float32 log-softmax)."""
+    if logits.shape[0] != len(tokens):
+        raise ValueError(f"{logits.shape[0]} rows of logits for {len(tokens)} tokens")
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, torch.tensor(list(tokens), dtype=torch.long, device=lp.device)[:, None])[:, 0].tolist()
+    if not n:
+        return [TokenLogprob(t, c) for t, c in zip(tokens, chosen)]
+    values, ids = lp.topk(n, dim=-1)
+    return [TokenLogprob(t, c, tuple(zip(i, v))) for t, c, i, v in zip(tokens, chosen, ids.tolist(), values.tolist())]
 
 
 def make_generator(seed: int | None) -> torch.Generator | None:

@@ -12,7 +12,7 @@ from ssd import wire
 from ssd.wire import (MAX_FRAME_BYTES, MAX_ITEMS, MESSAGE_TYPES, PROTOCOL_VERSION, CacheEntries, CacheEntry, DraftAdd,
                       DraftAddItem, DraftParamsSpec, DraftRound, DraftRoundItem, Error, Free, Hello, Jit, JitItem,
                       JitResult, Outcome, Outcomes, Ping, Pong, Prefill, PrefillItem, Prefilled, Ready, SamplingSpec,
-                      Verify, VerifyItem, WireError, decode, encode)
+                      SeqLogprobs, Verify, VerifyItem, WireError, decode, encode)
 
 ROW_A = ([3, 17, 40], [0.5, 0.25, 0.25])         # float32-exact probabilities round-trip exactly
 ROW_B = ([0, 2**31 - 1], [1.0, 0.0])
@@ -30,11 +30,14 @@ EXAMPLES = [
     Pong(nonce=0),
     Prefill(items=[PrefillItem(seq=1, tokens=[1, 2, 3], sampling=SAMPLING, prompt_len=2),
                    PrefillItem(seq=2, tokens=[], sampling=SamplingSpec(0.0, 0, 1.0, 0.0, None))], features=True),
-    Prefilled(items=[(1, 42), (2, 7)], elapsed_s=0.0125, features=[(1, 0, HALVES), (2, 2**63 - 1, b"")]),
+    Prefilled(items=[(1, 42), (2, 7)], elapsed_s=0.0125, features=[(1, 0, HALVES), (2, 2**63 - 1, b"")],
+              logprobs=[SeqLogprobs(seq=2, logprobs=[-0.0], top_ids=[], top_logprobs=[])]),
     Verify(batch_id=9, items=[VerifyItem(seq=1, tokens=[3, 0], proposal=[ROW_A, ROW_B]),
                               VerifyItem(seq=2, tokens=[5], proposal=None)], features=False),
     Outcomes(batch_id=9, items=[Outcome(seq=1, accepted=2, token=11), Outcome(seq=2, accepted=0, token=5)],
-             elapsed_s=0.003, features=[(2, 7, HALVES)]),
+             elapsed_s=0.003, features=[(2, 7, HALVES)],
+             logprobs=[SeqLogprobs(1, [-0.5, -2.25, -17.0], [0, 2**31 - 1, 4, 5, 11, 3], [-0.1, -0.5, -1.0, -2.25,
+                                                                                            -3.0, -17.0])]),
     DraftAdd(items=[DraftAddItem(seq=1, tokens=[1, 2, 3, 42], params=DRAFT_PARAMS, features=(0, HALVES)),
                     DraftAddItem(seq=2, tokens=[1], params=DRAFT_PARAMS, features=None)]),
     DraftRound(items=[DraftRoundItem(seq=1, round=3, delta=[11], spec=[3, 17, 40, 0], features=(4, HALVES))],
@@ -89,8 +92,8 @@ def test_fields_added_in_version_2_default_to_no_features():
 
 def test_features_travel_as_float16_bins_and_encode_takes_bytes_likes():
     payload = msgpack.unpackb(encode(EXAMPLES[7])[1])
-    assert payload[-1] == [[2, 7, HALVES]]
-    assert np.frombuffer(payload[-1][0][2], "<f2").tolist() == [0.5, -1.0, 2.0, 65504.0, 0.0, -0.25]
+    assert payload[-2] == [[2, 7, HALVES]]
+    assert np.frombuffer(payload[-2][0][2], "<f2").tolist() == [0.5, -1.0, 2.0, 65504.0, 0.0, -0.25]
     item = DraftRoundItem(1, 1, [], [], features=(np.int64(3), memoryview(bytearray(HALVES))))
     assert decode(encode(DraftRound([item]))).items[0].features == (3, HALVES)
 
@@ -162,24 +165,27 @@ def test_field_rejections_name_message_and_field():
     rejects(frames(Ping, -1), "Ping.nonce", "got -1")
     rejects(frames(Ping, 1.0), "Ping.nonce", "got 1.0")
     rejects(frames(Free, [1, "2"]), "Free.seqs[1]: expected an int")
-    rejects(frames(Outcomes, 1, [[1, 2, 3]], float("nan"), []), "Outcomes.elapsed_s: expected a finite float")
-    rejects(frames(Outcomes, 1, [[1, 2, 3]], 1, []), "Outcomes.elapsed_s", "got 1")   # ints are not floats
-    rejects(frames(Outcomes, 1, [[1, 2, -3]], 0.1, []), "Outcomes.items[0].token: expected an int in [0, 2**31)")
-    rejects(frames(Outcomes, 1, [[1, 2]], 0.1, []), "Outcomes.items[0]: expected the 3 fields")
-    rejects(frames(Outcomes, 1, [], 0.1), "Outcomes: expected the 4 fields", "got 3 values")   # a version-1 payload
+    rejects(frames(Outcomes, 1, [[1, 2, 3]], float("nan"), [], []), "Outcomes.elapsed_s: expected a finite float")
+    rejects(frames(Outcomes, 1, [[1, 2, 3]], 1, [], []), "Outcomes.elapsed_s", "got 1")   # ints are not floats
+    rejects(frames(Outcomes, 1, [[1, 2, -3]], 0.1, [], []), "Outcomes.items[0].token: expected an int in [0, 2**31)")
+    rejects(frames(Outcomes, 1, [[1, 2]], 0.1, [], []), "Outcomes.items[0]: expected the 3 fields")
+    rejects(frames(Outcomes, 1, [], 0.1), "Outcomes: expected the 5 fields", "got 3 values")   # a version-1 payload
     rejects(frames(Ready, "router", "m", "h", 1, 1, 1, [], 0), "Ready.role: expected one of ('target', 'draft')")
-    rejects(frames(Prefilled, [[1, 2, 3]], 0.1, []), "Prefilled.items[0]: expected an array of 2")
+    rejects(frames(Prefilled, [[1, 2, 3]], 0.1, [], []), "Prefilled.items[0]: expected an array of 2")
     rejects(frames(DraftRound, [[1, 0, [5], [1, 2**31], None]], []), "DraftRound.items[0].spec[1]", "2**31")
     rejects(frames(DraftRound, []), "DraftRound: expected the 2 fields", "got 1 values")   # a version-2 payload
     rejects(frames(DraftRound, [], [2, "1"]), "DraftRound.fanout[1]: expected an int")
-    spec = [0.5, 0, 1.0, 0.0, None, 0.0, 0.0, 1.0, [], 0, []]
+    spec = [0.5, 0, 1.0, 0.0, None, 0.0, 0.0, 1.0, [], 0, [], None]
     rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, *spec[3:]], 0]], False), "Prefill.items[0].sampling.top_p")
-    rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, 0.0, None], 0]], False), "sampling: expected the 11 fields")
+    rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, 0.0, None], 0]], False), "sampling: expected the 12 fields")
     rejects(frames(Prefill, [[1, [1], spec[:5] + [2.5] + spec[6:], 0]], False),
             "Prefill.items[0].sampling.presence_penalty: expected a finite float in [-2.0, 2.0]")
     rejects(frames(Prefill, [[1, [1], spec[:8] + [[[3, 101.0]]] + spec[9:], 0]], False),
             "Prefill.items[0].sampling.logit_bias[0][1]")
     rejects(frames(Prefill, [[1, [1], spec, -1]], False), "Prefill.items[0].prompt_len")
+    rejects(frames(Outcomes, 1, [[1, 0, 3]], 0.1, [], [[1, [0.5], [], []]]),
+            "Outcomes.logprobs[0].logprobs[0]: expected a finite float in [-inf, 0.0]")
+    rejects(frames(Outcomes, 1, [[1, 0, 3]], 0.1, [], [[1, [float("-inf")], [], []]]), "Outcomes.logprobs[0]")
     rejects(frames(Error, "c", "m", "7"), "Error.seq: expected an int")
 
 
@@ -188,11 +194,11 @@ def test_feature_rejections():
     rejects(frames(Prefill, [], 0), "Prefill.features: expected a bool, got 0")
     rejects(frames(Prefill, [], None), "Prefill.features: expected a bool, got NoneType")
     rejects(frames(Ready, "draft", "m", "h", 1, 1, 1, [], -1), "Ready.feature_size: expected an int")
-    rejects(frames(Outcomes, 1, [], 0.1, [[1, 0, b"\x00" * 3]]), "Outcomes.features[0][2]", "even", "got 3 bytes")
-    rejects(frames(Prefilled, [], 0.1, [[1, 0, "ab"]]), "Prefilled.features[0][2]", "got str 'ab'")
-    rejects(frames(Prefilled, [], 0.1, [[1, -1, b""]]), "Prefilled.features[0][1]: expected an int in [0, 2**63)")
-    rejects(frames(Prefilled, [], 0.1, [[1, b""]]), "Prefilled.features[0]: expected an array of 3")
-    rejects(frames(Prefilled, [], 0.1, [[1, 0, b""]] * (MAX_ITEMS + 1)), "Prefilled.features", "MAX_ITEMS")
+    rejects(frames(Outcomes, 1, [], 0.1, [[1, 0, b"\x00" * 3]], []), "Outcomes.features[0][2]", "even", "got 3 bytes")
+    rejects(frames(Prefilled, [], 0.1, [[1, 0, "ab"]], []), "Prefilled.features[0][2]", "got str 'ab'")
+    rejects(frames(Prefilled, [], 0.1, [[1, -1, b""]], []), "Prefilled.features[0][1]: expected an int in [0, 2**63)")
+    rejects(frames(Prefilled, [], 0.1, [[1, b""]], []), "Prefilled.features[0]: expected an array of 3")
+    rejects(frames(Prefilled, [], 0.1, [[1, 0, b""]] * (MAX_ITEMS + 1), []), "Prefilled.features", "MAX_ITEMS")
     add = [1, [1], [1.0, 32, 0.5, 3, None]]
     rejects(frames(DraftAdd, [add + [[0, b"\x00"]]]), "DraftAdd.items[0].features[1]", "got 1 bytes")
     rejects(frames(DraftAdd, [add + [[2**63, b""]]]), "DraftAdd.items[0].features[0]", "2**63")

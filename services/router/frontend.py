@@ -1,8 +1,8 @@
 """What every client API of the router shares (gRPC and OpenAI HTTP): validation, limits, text, stop strings.
 
 `Frontend.build` turns API fields into a validated `GenerationRequest` or raises ValueError("field: what is
-wrong"). `stream` / `astream` run it through the engine loop and yield `Delta`s (token ids and the text they
-add) and one final `Final`. Stop strings are matched on the detokenized text, across token boundaries: text
+wrong"). `stream` / `astream` run it through the engine loop and yield `Delta`s (token ids, the text they add
+and, when asked, their logprobs) and one final `Final`. Stop strings are matched on the detokenized text, across token boundaries: text
 that could still be the start of a stop string is held back, so no part of a stop string is ever emitted; on a
 match the request is aborted in the engine (its KV freed everywhere) and ends with STOP_STRING.
 """
@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ssd.params import FinishReason, SamplingParams, finish_reason
+from ssd.params import FinishReason, SamplingParams, TokenLogprob, finish_reason
 from ssd.engine.stats import SpecStats
 from ssd.tokenizer import Tokenizer
 from ssd.round import RoundCore
@@ -57,6 +57,7 @@ class Delta:
     token_ids: list[int]
     text: str
     journaled: bool = False  # already in the request journal (the replayed part of a resumed stream)
+    logprobs: list[TokenLogprob] | None = None   # one per token id, when the request asked (not for replayed ones)
 
 
 @dataclass(slots=True)
@@ -82,6 +83,7 @@ class _Output:
         self.pending = ""
         self.emitted_tokens = 0
         self.stopped = False
+        self.logprobs: list[TokenLogprob] = []   # of the tokens about to arrive
 
     def push(self, ids: list[int]) -> Delta | None:
         self.pending += "".join(self.detok.push(t) for t in ids)
@@ -112,7 +114,7 @@ class Frontend:
               min_p: float = 0.0, seed: int | None = None, max_tokens: int | None = None, stop=(),
               stop_token_ids=(), ignore_eos: bool = False, presence_penalty: float = 0.0,
               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logit_bias: dict | None = None,
-              min_tokens: int = 0, mode: str = "", k: int = 0, request_id: str = "",
+              min_tokens: int = 0, logprobs: int | None = None, mode: str = "", k: int = 0, request_id: str = "",
               timeout_s: float | None = None) -> GenerationRequest:
         lim = self.limits
         if not isinstance(request_id, str) or len(request_id) > lim.max_request_id_chars:
@@ -155,7 +157,7 @@ class Frontend:
                                     max_tokens=max_tokens, stop_token_ids=tuple(stop_token_ids),
                                     ignore_eos=ignore_eos, presence_penalty=presence_penalty,
                                     frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
-                                    logit_bias=logit_bias, min_tokens=min_tokens)
+                                    logit_bias=logit_bias, min_tokens=min_tokens, logprobs=logprobs)
         except ValueError as e:
             raise ValueError(re.sub(r"^SamplingParams\.(\w+) ", r"\1: ", str(e))) from None
         deadline = time.monotonic() + timeout_s if timeout_s is not None else None
@@ -219,7 +221,7 @@ class Frontend:
                 "max_tokens": p.max_tokens, "stop_token_ids": list(p.stop_token_ids), "ignore_eos": p.ignore_eos,
                 "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
                 "repetition_penalty": p.repetition_penalty, "logit_bias": [list(b) for b in p.logit_bias],
-                "min_tokens": p.min_tokens, "stop": list(g.stop), "mode": g.mode, "k": g.k}
+                "min_tokens": p.min_tokens, "logprobs": p.logprobs, "stop": list(g.stop), "mode": g.mode, "k": g.k}
 
     def resumed(self, record, skip: int, timeout_s: float | None = None) -> GenerationRequest:
         """The request a journal record describes, continuing after its committed tokens; the client has the
@@ -256,8 +258,13 @@ class Frontend:
 
     def _handle(self, req, out: _Output, event, g: GenerationRequest) -> Delta | Final | None:
         kind, payload = event
+        if kind == "logprobs":   # the core sends a commit's logprobs just before its tokens
+            out.logprobs.extend(payload)
+            return None
         if kind == "tokens":
             delta = out.push(payload)
+            if g.params.logprobs is not None and delta is not None:
+                delta.logprobs, out.logprobs = out.logprobs[:len(payload)], out.logprobs[len(payload):]
             if out.stopped:
                 self.core.abort(req, FinishReason.STOP_STRING)
             return delta

@@ -30,13 +30,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from aiohttp import web
 
-from ssd.params import FinishReason
 from services.router.frontend import Final, Frontend
 from services.router.openai_params import STR, get, parse, parse_tokenize
+from services.router.openai_replies import Reply
 
 log = logging.getLogger("ssd.router")
 
@@ -84,55 +83,6 @@ async def _errors(request: web.Request, handler):
     except Exception:
         log.exception("HTTP %s %s failed", request.method, request.path)
         return web.json_response(error_body("internal server error", kind="server_error"), status=500)
-
-
-# ---- responses ------------------------------------------------------------------------------------
-def _finish(f: Final) -> str:
-    return "length" if f.reason is FinishReason.LENGTH else "stop"
-
-
-def _usage(f: Final) -> dict:
-    return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
-            "total_tokens": f.prompt_tokens + f.completion_tokens}
-
-
-def _ssd(f: Final) -> dict:
-    st = f.stats
-    return {"finish_reason": f.reason.value, "mode": f.mode, "rounds": st.rounds,
-            "tokens_per_round": round(st.tokens_per_round, 4),
-            "acceptance_per_position": [round(a, 4) for a in st.acceptance_per_position],
-            "cache_hits": st.cache.get("hit", 0), "cache_misses": sum(v for k, v in st.cache.items() if k != "hit"),
-            "ttft_s": round(f.ttft_s, 6), "total_s": round(f.total_s, 6)}
-
-
-@dataclass(slots=True)
-class Reply:
-    """The response objects of one request, whole or as stream chunks."""
-    chat: bool
-    id: str
-    model: str
-    created: int
-
-    def _head(self, chunk: bool) -> dict:
-        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
-
-    def whole(self, text: str, f: Final) -> dict:
-        choice = {"index": 0, "finish_reason": _finish(f), "logprobs": None}
-        choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
-        return {**self._head(False), "choices": [choice], "usage": _usage(f), "ssd": _ssd(f)}
-
-    def chunk(self, text: str = "", f: Final | None = None, role: bool = False) -> dict:
-        choice = {"index": 0, "finish_reason": _finish(f) if f else None, "logprobs": None}
-        if self.chat:
-            choice["delta"] = {"role": "assistant", "content": ""} if role else {"content": text} if text else {}
-        else:
-            choice["text"] = text
-        out = {**self._head(True), "choices": [choice]}
-        return {**out, "ssd": _ssd(f)} if f else out
-
-    def usage_chunk(self, f: Final) -> dict:
-        return {**self._head(True), "choices": [], "usage": _usage(f)}
 
 
 def _event(obj) -> bytes:
@@ -235,7 +185,8 @@ class HttpServer:
         g = self.frontend.build(**p.build, request_id=rid)
         if p.user is not None:
             log.debug("request %s from user %r", rid, p.user)
-        reply = Reply(chat, rid, self.model_name, int(time.time()))
+        reply = Reply(chat, rid, self.model_name, int(time.time()),
+                      self.frontend.tok if g.params.logprobs is not None else None)
         items = self.frontend.astream(g)
         async with contextlib.aclosing(items):   # leaving early (or being cancelled) aborts the request
             item = await anext(items)            # submit's ValueError surfaces here, before any header is sent
@@ -243,13 +194,14 @@ class HttpServer:
                 raise ApiError(503, item.error, kind="server_error")
             if p.stream:
                 return await self._sse(request, reply, item, items, p.include_usage)
-            text = []
+            text, logprobs = [], []
             while not isinstance(item, Final):
                 text.append(item.text)
+                logprobs += item.logprobs or ()
                 item = await anext(items)
             if item.error is not None:
                 raise ApiError(503, item.error, kind="server_error")
-            return web.json_response(reply.whole("".join(text) + item.text, item))
+            return web.json_response(reply.whole("".join(text) + item.text, item, logprobs))
 
     async def _sse(self, request: web.Request, reply: Reply, item, items, include_usage: bool):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -258,8 +210,8 @@ class HttpServer:
             if reply.chat:
                 await resp.write(_event(reply.chunk(role=True)))
             while not isinstance(item, Final):
-                if item.text:
-                    await resp.write(_event(reply.chunk(item.text)))
+                if item.text or item.logprobs:
+                    await resp.write(_event(reply.chunk(item.text, logprobs=item.logprobs or ())))
                 item = await anext(items)
             if item.error is not None:
                 await resp.write(_event(error_body(item.error, kind="server_error")))

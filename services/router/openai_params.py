@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ssd.params import MAX_LOGPROBS
+
 NUMBER, INT, BOOL, STR, LIST, OBJECT, STOP = (int, float), (int,), (bool,), (str,), (list,), (dict,), (str, list)
 WHAT = {NUMBER: "a number", INT: "an integer", BOOL: "a boolean", STR: "a string", LIST: "a list",
         OBJECT: "an object", STOP: "a string or a list of strings"}
@@ -18,12 +20,11 @@ WHAT = {NUMBER: "a number", INT: "an integer", BOOL: "a boolean", STR: "a string
 # read by `parse`, on both endpoints or on one
 HONOURED = frozenset({"model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                       "stop_token_ids", "ignore_eos", "max_tokens", "user", "speculation", "presence_penalty",
-                      "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens"})
-CHAT_ONLY = frozenset({"messages", "max_completion_tokens"})
+                      "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "logprobs"})
+CHAT_ONLY = frozenset({"messages", "max_completion_tokens", "top_logprobs"})
 COMPLETION_ONLY = frozenset({"prompt"})
 # accepted at exactly these values, which change nothing
-NO_OP = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False,), "top_logprobs": (0,),
-         "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
+NO_OP = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
          "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",), "store": (False,),
          "service_tier": ("auto", "default"), "modalities": (["text"],), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
          "include_stop_str_in_output": (False,), "add_generation_prompt": (True,), "add_special_tokens": (False,),
@@ -106,9 +107,16 @@ def parse(body: dict, chat: bool) -> Parsed:
         prompt = {"messages": messages(get(body, "messages", LIST))}
         max_tokens = get(body, "max_completion_tokens", INT)
         max_tokens = get(body, "max_tokens", INT) if max_tokens is None else max_tokens
+        top = get(body, "top_logprobs", INT, 0)
+        if not 0 <= top <= MAX_LOGPROBS:
+            raise ValueError(f"top_logprobs: must be an integer in 0..{MAX_LOGPROBS}, got {top}")
+        if top and not get(body, "logprobs", BOOL, False):
+            raise ValueError("top_logprobs: needs logprobs: true")
+        logprobs = top if get(body, "logprobs", BOOL, False) else None
     else:
         prompt = _prompt(body.get("prompt"))
         max_tokens = get(body, "max_tokens", INT)
+        logprobs = get(body, "logprobs", INT)
     spec = get(body, "speculation", OBJECT, {})
     _check_object(spec, {name: None for name in SPECULATION}, "speculation")
     opts = get(body, "stream_options", OBJECT, {})
@@ -123,7 +131,7 @@ def parse(body: dict, chat: bool) -> Parsed:
                  frequency_penalty=get(body, "frequency_penalty", NUMBER, 0.0),
                  repetition_penalty=get(body, "repetition_penalty", NUMBER, 1.0),
                  logit_bias=_logit_bias(get(body, "logit_bias", OBJECT, {})),
-                 min_tokens=get(body, "min_tokens", INT, 0),
+                 min_tokens=get(body, "min_tokens", INT, 0), logprobs=logprobs,
                  mode=get(spec, "mode", STR, "", "speculation.mode"), k=get(spec, "k", INT, 0, "speculation.k"))
     return Parsed(build, get(body, "stream", BOOL, False),
                   get(opts, "include_usage", BOOL, False, "stream_options.include_usage"), get(body, "user", STR))

@@ -45,8 +45,13 @@ def request_fields(request) -> dict:
                 stop=list(request.stop), stop_token_ids=list(request.stop_token_ids), ignore_eos=request.ignore_eos,
                 presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
                 repetition_penalty=s.repetition_penalty or 1.0, logit_bias=dict(s.logit_bias),
-                min_tokens=request.min_tokens, mode="ar" if spec.off else spec.mode, k=spec.k,
-                request_id=request.request_id)
+                min_tokens=request.min_tokens, logprobs=request.logprobs if request.HasField("logprobs") else None,
+                mode="ar" if spec.off else spec.mode, k=spec.k, request_id=request.request_id)
+
+
+def logprobs_pb(logprobs) -> list[pb.TokenLogprob]:
+    return [pb.TokenLogprob(token_id=lp.token, logprob=lp.logprob,
+                            top=[pb.TopLogprob(token_id=t, logprob=v) for t, v in lp.top]) for lp in logprobs or ()]
 
 
 def stats_pb(st, mode: str) -> pb.SpeculationStats:
@@ -158,7 +163,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                             self.core.abort(req)
                         context.abort(grpc.StatusCode.ABORTED if isinstance(e, Fenced) else
                                       grpc.StatusCode.UNAVAILABLE, str(e))
-                yield pb.GenerateResponse(request_id=g.request_id, token_ids=item.token_ids, text=item.text)
+                yield pb.GenerateResponse(request_id=g.request_id, token_ids=item.token_ids, text=item.text,
+                                          logprobs=logprobs_pb(item.logprobs))
                 continue
             if item.error is not None:
                 context.abort(grpc.StatusCode.UNAVAILABLE, item.error)

@@ -37,13 +37,15 @@ def build_request(prompt: str | list[int] | list[dict] | None = None, *, chat: b
                   ignore_eos: bool = False, stop_token_ids=(), stop: str | list[str] = (), request_id: str = "",
                   mode: str = "", k: int = 0, speculation_off: bool = False, presence_penalty: float = 0.0,
                   frequency_penalty: float = 0.0, repetition_penalty: float = 0.0,
-                  logit_bias: dict[int, float] | None = None, min_tokens: int = 0) -> pb.GenerateRequest:
+                  logit_bias: dict[int, float] | None = None, min_tokens: int = 0,
+                  logprobs: int | None = None) -> pb.GenerateRequest:
     """The GenerateRequest for a prompt and options. The prompt is raw text (one user chat message when
     chat=True), token ids, or chat messages ({"role", "content"} dicts), which `messages=` may give instead.
-    Penalties and biases (`repetition_penalty` 0 = off, like 1) are the target's, applied at every position."""
+    Penalties and biases (`repetition_penalty` 0 = off, like 1) are the target's, applied at every position.
+    `logprobs` = N: each token's log-probability and its N most probable alternatives (None: none)."""
     req = _fill(pb.GenerateRequest(), "", max_tokens=max_tokens, ignore_eos=ignore_eos, request_id=request_id,
                 stop_token_ids=list(stop_token_ids), stop=[stop] if isinstance(stop, str) else list(stop),
-                min_tokens=min_tokens)
+                min_tokens=min_tokens, logprobs=logprobs)
     _fill(req.sampling, "sampling.", temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
           presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
           repetition_penalty=repetition_penalty, logit_bias=dict(logit_bias or {}))

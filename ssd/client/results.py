@@ -13,9 +13,10 @@ FINISH_NAMES = {v.number: v.name.removeprefix("FINISH_REASON_").lower()
 
 @dataclass(slots=True)
 class Delta:
-    """Tokens committed since the previous delta, and the text they add."""
+    """Tokens committed since the previous delta, the text they add and, when asked, their logprobs."""
     token_ids: list[int]
     text: str
+    logprobs: list[pb.TokenLogprob] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -31,6 +32,7 @@ class Result:
     total_time_s: float = 0.0
     deltas: list[Delta] = field(default_factory=list)
     request_id: str = ""
+    logprobs: list[pb.TokenLogprob] = field(default_factory=list)   # one per token id, when asked
 
     @property
     def usage(self) -> pb.Usage:
@@ -46,10 +48,11 @@ class Result:
             self.time_to_first_token_s, self.total_time_s = resp.time_to_first_token_s, resp.total_time_s
         if not (resp.token_ids or resp.text):
             return None
-        delta = Delta(list(resp.token_ids), resp.text)
+        delta = Delta(list(resp.token_ids), resp.text, list(resp.logprobs))
         self.deltas.append(delta)
         self.token_ids += delta.token_ids
         self.text += delta.text
+        self.logprobs += delta.logprobs
         return delta
 
     def finished(self) -> Result:

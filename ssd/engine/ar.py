@@ -19,7 +19,7 @@ from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for, default_kv_tokens
 from ssd.params import ending_tokens
-from ssd.sampling import penalize, probs_from_logits, sample
+from ssd.sampling import penalize, probs_from_logits, sample, token_logprobs
 
 
 class AREngine(Engine):
@@ -70,14 +70,17 @@ class AREngine(Engine):
         else:
             return []
         logits = self.model.logits(hidden)
+        raw = {b: logits[b:b + 1] for b, s in enumerate(batch) if s.params.logprobs is not None}
         if any(s.params.penalized for s in batch):
-            logits = logits.float()
+            logits = logits.float().clone()
             for b, s in enumerate(batch):
                 if s.params.penalized:
                     logits[b] = penalize(logits[b:b + 1], s.params, s.prompt + s.output, len(s.prompt),
                                          ending_tokens(s.params, self.eos_token_ids))[0]
         probs = probs_from_logits(logits, [s.params for s in batch])
         tokens = sample(probs, [s.generator for s in batch]).tolist()
+        for b, rows in raw.items():
+            batch[b].logprobs.extend(token_logprobs(rows, [tokens[b]], batch[b].params.logprobs))
         for seq, tok in zip(batch, tokens):
             seq.append(tok, self.eos_token_ids, self.max_len)
             if seq.finished:

@@ -21,6 +21,7 @@ class Sequence:
     generator: torch.Generator | None = None
     finish_reason: FinishReason | None = None
     stats: object = None  # SpecStats for speculative engines
+    logprobs: list = field(default_factory=list)   # a TokenLogprob per output token, when params.logprobs is set
 
     def __post_init__(self):
         if self.generator is None:

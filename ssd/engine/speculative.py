@@ -113,6 +113,8 @@ class _Events:
         kind, value = event
         if kind == "tokens":
             self.seq.output.extend(value)
+        elif kind == "logprobs":
+            self.seq.logprobs.extend(value)
         elif kind == "done":
             self.seq.finish_reason = value
         else:

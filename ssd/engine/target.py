@@ -23,7 +23,7 @@ from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for, default_kv_tokens
 from ssd.engine.features import FeatureBlock
-from ssd.sampling import SamplingParams, make_generator, penalize, probs_from_logits, sample
+from ssd.sampling import SamplingParams, make_generator, penalize, probs_from_logits, sample, token_logprobs
 from ssd.spec.check import speculation_problem
 from ssd.engine.verify import verify_greedy_batch, verify_sampling
 from ssd.wire import Outcome, VerifyItem
@@ -66,6 +66,7 @@ class TargetWorker:
         self.preemptions = 0
         self._forwards = 0
         self.last_features: dict = {}   # seq_id -> FeatureBlock of the last prefill/verify (with features=True)
+        self.last_logprobs: dict = {}   # seq_id -> [TokenLogprob] of the tokens the last prefill/verify committed
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.seqs
@@ -89,13 +90,16 @@ class TargetWorker:
         hidden, blocks = self._run([(s, []) for s in new], prefill=True, features=features)
         self.last_features = {seq_id: blk for (seq_id, *_), blk in zip(requests, blocks)}
         logits = self.model.logits(torch.cat(hidden))
+        raw = {b: logits[b:b + 1] for b, s in enumerate(new) if s.params.logprobs is not None}
         if any(s.params.penalized for s in new):
-            logits = logits.float()
+            logits = logits.float().clone()
             for b, s in enumerate(new):
                 if s.params.penalized:
                     logits[b] = self._penalize(s, logits[b:b + 1], [])[0]
         probs = probs_from_logits(logits, [s.params for s in new])
         firsts = sample(probs, [s.generator for s in new]).tolist()
+        self.last_logprobs = {requests[b][0]: token_logprobs(rows, [firsts[b]], new[b].params.logprobs)
+                              for b, rows in raw.items()}
         for s, t in zip(new, firsts):
             s.tokens.append(t)
         return firsts
@@ -242,8 +246,19 @@ class TargetWorker:
         return penalize(logits, s.params, s.tokens, s.prompt_len, s.params.stop_token_ids, drafted)
 
     def _outcomes(self, items, seqs, logits) -> list[Outcome]:
+        raw = {b: logits[b, :len(it.tokens) + 1] for b, (it, s) in enumerate(zip(items, seqs))
+               if s.params.logprobs is not None}   # logprobs are of the raw logits: kept apart from the penalties
+        outcomes = self._decide(items, seqs, logits)
+        self.last_logprobs = {}
+        for b, rows in raw.items():
+            out, drafted = outcomes[b], list(items[b].tokens)
+            self.last_logprobs[out.seq] = token_logprobs(rows[:out.accepted + 1], drafted[:out.accepted] + [out.token],
+                                                         seqs[b].params.logprobs)
+        return outcomes
+
+    def _decide(self, items, seqs, logits) -> list[Outcome]:
         if any(s.params.penalized for s in seqs):
-            logits = logits.float()
+            logits = logits.float().clone()
             for b, (it, s) in enumerate(zip(items, seqs)):
                 if s.params.penalized:
                     K = len(it.tokens)

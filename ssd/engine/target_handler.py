@@ -12,7 +12,8 @@ A `Prefill` or `Verify` with `features` set is answered with the features that c
 sequences (the final pre-norm hidden states, float16): `Prefilled.features` and `Outcomes.features`. Verify
 messages merged into one forward compute features if any of them asked; only those that asked get them. A
 message carries at most `wire.MAX_FEATURE_BYTES` of features: beyond that each block loses its oldest rows
-(the draft reads missing rows as zeros).
+(the draft reads missing rows as zeros). A sequence whose sampling asks for logprobs gets, with every reply that
+commits tokens for it, their log-probabilities and top alternatives (`wire.SeqLogprobs`).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def sampling_params(s: wire.SamplingSpec, vocab: int) -> SamplingParams:
     return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed,
                           presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
                           repetition_penalty=s.repetition_penalty, logit_bias=s.logit_bias, min_tokens=s.min_tokens,
-                          stop_token_ids=tuple(s.ending), ignore_eos=True)
+                          stop_token_ids=tuple(s.ending), ignore_eos=True, logprobs=s.logprobs)
 
 
 class TargetHandler(Handler):
@@ -104,7 +105,8 @@ class TargetHandler(Handler):
             else:
                 firsts = self.worker.prefill(requests, features=msg.features)
                 features = self._features(peer, seqs) if msg.features else []
-                self.endpoint.send(peer, wire.Prefilled(list(zip(seqs, firsts)), time.perf_counter() - t0, features))
+                self.endpoint.send(peer, wire.Prefilled(list(zip(seqs, firsts)), time.perf_counter() - t0, features,
+                                                        self._logprobs(peer, seqs)))
         except ValueError as e:
             for seq in seqs:
                 self._error(peer, "invalid_argument", str(e), seq)
@@ -129,6 +131,16 @@ class TargetHandler(Handler):
                 room -= row_bytes * keep
         return out
 
+    def _logprobs(self, peer: bytes, seqs: list[int]) -> list[wire.SeqLogprobs]:
+        """The last call's logprobs of `seqs` (those that asked for them), as the wire carries them."""
+        out = []
+        for seq in seqs:
+            rows = self.worker.last_logprobs.get((peer, seq))
+            if rows is not None:
+                out.append(wire.SeqLogprobs(seq, [r.logprob for r in rows], [t for r in rows for t, _ in r.top],
+                                            [lp for r in rows for _, lp in r.top]))
+        return out
+
     def _verify(self, messages) -> None:
         t0 = time.perf_counter()
         items, owners = [], []
@@ -149,4 +161,5 @@ class TargetHandler(Handler):
             grouped[owner].append(dataclasses.replace(out, seq=out.seq[1]))
         for (peer, batch_id), outs in grouped.items():
             features = self._features(peer, [o.seq for o in outs]) if (peer, batch_id) in asked else []
-            self.endpoint.send(peer, wire.Outcomes(batch_id, outs, elapsed, features))
+            self.endpoint.send(peer, wire.Outcomes(batch_id, outs, elapsed, features,
+                                                   self._logprobs(peer, [o.seq for o in outs])))

@@ -169,15 +169,18 @@ class RoundCore:
         s = req.params
         ending = list(ending_tokens(s, self.eos)) if s.min_tokens else []
         return wire.SamplingSpec(s.temperature, s.top_k, s.top_p, s.min_p, s.seed, s.presence_penalty,
-                                 s.frequency_penalty, s.repetition_penalty, list(s.logit_bias), s.min_tokens, ending)
+                                 s.frequency_penalty, s.repetition_penalty, list(s.logit_bias), s.min_tokens, ending,
+                                 s.logprobs)
 
     # ---- the round ------------------------------------------------------------------------------
     def room(self, req: Request) -> int:
         return speculation_room(req.round.k, req.params, len(req.output), len(req.prompt) + len(req.output),
                                 self.pool.max_len)
 
-    def commit(self, req: Request, tokens: list[int]) -> int:
-        """Append tokens until the sequence finishes, stream them; returns how many were committed."""
+    def commit(self, req: Request, tokens: list[int], logprobs: list | None = None) -> int:
+        """Append tokens until the sequence finishes, stream them (after their `logprobs`, when it asked for
+        them: a ("logprobs", [TokenLogprob]) event before the ("tokens", ids) one); returns how many were
+        committed."""
         n, now = 0, self.clock()
         for t in tokens:
             req.output.append(t)
@@ -191,6 +194,8 @@ class RoundCore:
         else:
             self.metrics.tokens_emitted(n, now - req.last_emit_at)
         req.last_emit_at = now
+        if logprobs is not None:
+            req.events.put(("logprobs", logprobs[:n]))
         req.events.put(("tokens", req.output[-n:]))
         return n
 

@@ -1,8 +1,8 @@
 """Checks of what workers answer, against the sequence a reply names. No torch.
 
 The codec (`ssd.wire`) checks each field's kind; these check what a field must mean for its sequence. A reply
-that fails is logged and never committed or cached: an outcome or first token rebuilds its sequence on the
-target, a cache entry is not published (a miss), a JIT answer gives way to an n-gram backup.
+that fails is logged and never committed or cached: an outcome or first token (or the logprobs it owes a
+sequence that asked for them) rebuilds its sequence on the target, a cache entry is not published (a miss), a JIT answer gives way to an n-gram backup.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import logging
 from collections import Counter
 
 from ssd import wire
+from ssd.params import TokenLogprob
 from ssd.round.state import Phase
 from ssd.spec.backup import BackupPolicy, choose_backup
 from ssd.spec.check import speculation_problem
@@ -27,6 +28,21 @@ def outcome_problem(req, out: wire.Outcome, copies: int, vocab_size: int) -> str
     if out.accepted > len(req.round.tokens):
         return f"j={out.accepted} accepted of a speculation of {len(req.round.tokens)} tokens"
     return token_problem(out.token, vocab_size)
+
+
+def logprobs_of(req, lp: wire.SeqLogprobs | None, tokens: list[int], vocab_size: int):
+    """The TokenLogprobs of `tokens`, which a reply commits for `req` (None if it asked for none), or the problem
+    (a str) with what the target sent."""
+    n = req.params.logprobs
+    if n is None:
+        return None
+    if lp is None or len(lp.logprobs) != len(tokens) or not len(lp.top_ids) == len(lp.top_logprobs) == n * len(tokens):
+        return f"logprobs for {len(lp.logprobs) if lp else 0} tokens and {len(lp.top_ids) if lp else 0} " \
+               f"alternatives; the reply commits {len(tokens)} tokens with {n} alternatives each"
+    if lp.top_ids and max(lp.top_ids) >= vocab_size:
+        return f"an alternative token lies outside the vocabulary [0, {vocab_size})"
+    return [TokenLogprob(t, p, tuple(zip(lp.top_ids[i * n:(i + 1) * n], lp.top_logprobs[i * n:(i + 1) * n])))
+            for i, (t, p) in enumerate(zip(tokens, lp.logprobs))]
 
 
 def draft_tokens_problem(req, tokens: list[int], proposal, k: int, vocab_size: int) -> str | None:
@@ -65,6 +81,7 @@ class Replies:
     def prefilled(self, worker, msg: wire.Prefilled) -> None:
         core = self.core
         blocks = {seq: block for seq, *block in msg.features}
+        logprobs = {lp.seq: lp for lp in msg.logprobs}
         counts = Counter(seq for seq, _ in msg.items)
         for seq, token in msg.items:
             req = core.active.get(seq)
@@ -74,12 +91,13 @@ class Replies:
                 continue
             problem = token_problem(token, core.vocab_size) or \
                 (f"{counts[seq]} first tokens" if counts[seq] > 1 else None)
-            if problem:
-                self._bad_target_reply(worker, req, problem)
+            lps = logprobs_of(req, logprobs.get(seq), [token], core.vocab_size)
+            if problem or isinstance(lps, str):
+                self._bad_target_reply(worker, req, problem or lps)
                 continue
             core.features.keep(req, blocks.get(seq))
             core.cache.start_sequence(seq, first_round=0)
-            core.commit(req, [token])
+            core.commit(req, [token], lps)
             if req.finish is not None:
                 core.finish(req, req.finish)
             else:
@@ -104,6 +122,7 @@ class Replies:
             core.metrics.target_verify(msg.elapsed_s, len(msg.items))
             core.metrics.router_hop(max(0.0, roundtrip - msg.elapsed_s))
         blocks = {seq: block for seq, *block in msg.features}
+        logprobs = {lp.seq: lp for lp in msg.logprobs}
         counts = Counter(out.seq for out in msg.items)
         for out in msg.items:
             req = core.active.get(out.seq)
@@ -114,18 +133,20 @@ class Replies:
                           out.seq, msg.batch_id)
                 continue
             problem = outcome_problem(req, out, counts[out.seq], core.vocab_size)
-            if problem:
-                self._bad_target_reply(worker, req, problem)
+            lps = None if problem else logprobs_of(req, logprobs.get(out.seq),
+                                                   req.round.tokens[:out.accepted] + [out.token], core.vocab_size)
+            if problem or isinstance(lps, str):
+                self._bad_target_reply(worker, req, problem or lps)
                 continue
-            self._apply_outcome(req, out, blocks.get(out.seq))
+            self._apply_outcome(req, out, blocks.get(out.seq), lps)
         if sent is not None:
             core.planner.observe_verify(sent[1], msg.elapsed_s, roundtrip - msg.elapsed_s)
 
-    def _apply_outcome(self, req, out: wire.Outcome, block) -> None:
+    def _apply_outcome(self, req, out: wire.Outcome, block, logprobs=None) -> None:
         core, rnd = self.core, req.round
         core.features.keep(req, block)
         rnd.number += 1
-        committed = core.commit(req, rnd.tokens[:out.accepted] + [out.token])
+        committed = core.commit(req, rnd.tokens[:out.accepted] + [out.token], logprobs)
         req.stats.record_round(len(rnd.tokens), out.accepted, committed)
         core.metrics.round_finished(req.mode, len(rnd.tokens), out.accepted, committed)
         if rnd.source in ("jit", "ngram") and rnd.tokens:

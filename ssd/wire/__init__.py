@@ -31,10 +31,10 @@ Contract
   exactness never depends on features).
 * Flags are msgpack booleans; decode refuses ints in their place.
 * Fields added after version 1 (``Ready.feature_size``, the ``features`` fields; ``DraftRound.fanout`` in
-  version 3; in version 4 the penalties, biases and ``min_tokens`` of ``SamplingSpec`` and
-  ``PrefillItem.prompt_len``) come last and have defaults (0, False, empty, None, no penalty), so a message
-  built without them means "no features" ("the draft's own fan-out", "no penalty"); on the wire every field
-  is always present.
+  version 3; in version 4 the penalties, biases, ``min_tokens`` and ``logprobs`` of ``SamplingSpec``,
+  ``PrefillItem.prompt_len`` and the ``logprobs`` of ``Prefilled`` and ``Outcomes``) come last and have
+  defaults (0, False, empty, None, no penalty), so a message built without them means "no features" ("the
+  draft's own fan-out", "no penalty", "no logprobs"); on the wire every field is always present.
 * The codec checks each field, not relations between fields (rows vs tokens): those are the receivers'.
 
 Type bytes::
@@ -61,15 +61,15 @@ from ssd.wire.features import FEATURE_DTYPE, MAX_FEATURE_BYTES, Features, featur
 from ssd.wire.kinds import (MAX_ENTRIES, MAX_FRAME_BYTES, MAX_ITEMS, MAX_ROW_ENTRIES, MAX_ROWS, MAX_STR, MAX_TOKENS,
                             Row, WireError)
 from ssd.wire.target import (Outcome, Outcomes, Prefill, PrefillItem, Prefilled, Restore, Restored, SamplingSpec,
-                             Verify, VerifyItem)
+                             SeqLogprobs, Verify, VerifyItem)
 
 __all__ = ["FEATURE_DTYPE", "MAX_ARRAYS", "MAX_ENTRIES", "MAX_FEATURE_BYTES", "MAX_FRAME_BYTES", "MAX_ITEMS",
            "MAX_ROWS", "MAX_ROW_ENTRIES", "MAX_STR", "MAX_TOKENS", "MESSAGE_TYPES", "PROTOCOL_VERSION",
            "CacheEntries", "CacheEntry", "DraftAdd", "DraftAddItem", "DraftParamsSpec", "DraftRound",
            "DraftRoundItem", "Error", "Features", "Free", "Hello", "Jit", "JitItem", "JitResult", "Message",
            "Outcome", "Outcomes", "Ping", "Pong", "Prefill", "PrefillItem", "Prefilled", "Ready", "Restore",
-           "Restored", "Row", "SamplingSpec", "Verify", "VerifyItem", "WireError", "decode", "encode",
-           "feature_row_bytes", "feature_rows"]
+           "Restored", "Row", "SamplingSpec", "SeqLogprobs", "Verify", "VerifyItem", "WireError", "decode",
+           "encode", "feature_row_bytes", "feature_rows"]
 
 Message = (Hello | Ready | Ping | Pong | Prefill | Prefilled | Restore | Restored | Verify | Outcomes | DraftAdd
            | DraftRound | CacheEntries | Jit | JitResult | Free | Error)

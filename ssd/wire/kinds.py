@@ -278,4 +278,5 @@ SECONDS, UNIT, SEED = _Float(0.0), _Float(0.0, 1.0), _Optional(_Int(64))
 FLAG, PROPOSAL = _Bool(), _Optional(_Rows())
 PENALTY, REPETITION = _Float(-2.0, 2.0), _Float(0.01, 100.0)   # ssd.params.PENALTY_RANGE, REPETITION_RANGE
 LOGIT_BIAS = _List(_tuple(TOKEN, _Float(-100.0, 100.0)), "MAX_ROW_ENTRIES")   # (token id, bias) pairs
+LOGPROBS = _List(_Float(-math.inf, 0.0), "MAX_ROW_ENTRIES")   # finite log-probabilities
 Row = tuple[list[int], list[float]]   # a proposal row (ids, probs)

@@ -1,6 +1,7 @@
 """The data plane's messages between the router and a target: prefill a sequence (``Prefill`` -> ``Prefilled``, its
 first token), rebuild one from its committed tokens on another target (``Restore`` -> ``Restored``), and verify
-speculations (``Verify`` of ``VerifyItem`` -> ``Outcomes`` of ``Outcome``: j tokens accepted, then t*).
+speculations (``Verify`` of ``VerifyItem`` -> ``Outcomes`` of ``Outcome``: j tokens accepted, then t*). A sequence
+whose sampling asks for logprobs gets them with its tokens (``SeqLogprobs`` in ``Prefilled`` and ``Outcomes``).
 
 Type bytes: 0x10 Prefill, 0x11 Prefilled, 0x12 Restore, 0x13 Restored, 0x20 Verify, 0x21 Outcomes.
 """
@@ -10,13 +11,13 @@ from dataclasses import dataclass, field
 
 from ssd.wire.codec import _SPECS, _items, _wire
 from ssd.wire.features import SEQ_FEATURES
-from ssd.wire.kinds import (FLAG, ID, LOGIT_BIAS, PENALTY, PROPOSAL, REPETITION, SECONDS, SEED, TOKEN, TOKENS, UNIT, Row,
-                            _Ints, _List, _tuple)
+from ssd.wire.kinds import (FLAG, ID, LOGIT_BIAS, LOGPROBS, PENALTY, PROPOSAL, REPETITION, SECONDS, SEED, TOKEN, TOKENS,
+                            UNIT, Row, _Int, _Ints, _List, _Optional, _tuple)
 
 
 @_wire(temperature=SECONDS, top_k=ID, top_p=UNIT, min_p=UNIT, seed=SEED, presence_penalty=PENALTY,
        frequency_penalty=PENALTY, repetition_penalty=REPETITION, logit_bias=LOGIT_BIAS, min_tokens=ID,
-       ending=TOKENS)
+       ending=TOKENS, logprobs=_Optional(_Int(6)))
 @dataclass(slots=True)
 class SamplingSpec:
     temperature: float
@@ -32,6 +33,18 @@ class SamplingSpec:
     logit_bias: list[tuple[int, float]] = field(default_factory=list)
     min_tokens: int = 0
     ending: list[int] = field(default_factory=list)
+    logprobs: int | None = None   # answer with each token's logprob and this many alternatives (None: no)
+
+
+@_wire(seq=ID, logprobs=LOGPROBS, top_ids=_Ints("MAX_ROW_ENTRIES"), top_logprobs=LOGPROBS)
+@dataclass(slots=True)
+class SeqLogprobs:
+    """The target's log-probabilities of the tokens one reply commits for a sequence (asked by
+    SamplingSpec.logprobs = N): one per token, in order, and each token's N most probable alternatives."""
+    seq: int
+    logprobs: list[float]
+    top_ids: list[int]         # len(logprobs) * N ids: token i's are [i * N, (i + 1) * N), most probable first
+    top_logprobs: list[float]  # their log-probabilities
 
 
 @_wire(seq=ID, tokens=TOKENS, sampling=_SPECS[SamplingSpec], prompt_len=ID)
@@ -50,13 +63,15 @@ class Prefill:
     features: bool = False   # answer with the prompts' features
 
 
-@_wire(0x11, items=_List(_tuple(ID, TOKEN), "MAX_ITEMS"), elapsed_s=SECONDS, features=SEQ_FEATURES)
+@_wire(0x11, items=_List(_tuple(ID, TOKEN), "MAX_ITEMS"), elapsed_s=SECONDS, features=SEQ_FEATURES,
+       logprobs=_items(SeqLogprobs))
 @dataclass(slots=True)
 class Prefilled:
     items: list[tuple[int, int]]   # (seq, first_token)
     elapsed_s: float
     # (seq, start, data): the features each prefill computed (a prefix-cache hit may skip the first); empty unless asked
     features: list[tuple[int, int, bytes]] = field(default_factory=list)
+    logprobs: list[SeqLogprobs] = field(default_factory=list)   # of the first tokens, for the sequences that asked
 
 
 @_wire(0x12, items=_items(PrefillItem))
@@ -96,7 +111,8 @@ class Outcome:
     token: int
 
 
-@_wire(0x21, batch_id=ID, items=_items(Outcome), elapsed_s=SECONDS, features=SEQ_FEATURES)
+@_wire(0x21, batch_id=ID, items=_items(Outcome), elapsed_s=SECONDS, features=SEQ_FEATURES,
+       logprobs=_items(SeqLogprobs))
 @dataclass(slots=True)
 class Outcomes:
     batch_id: int
@@ -104,3 +120,5 @@ class Outcomes:
     elapsed_s: float
     # (seq, start, data): up to and including each sequence's last accepted token; empty unless asked
     features: list[tuple[int, int, bytes]] = field(default_factory=list)
+    # of the j accepted tokens and t*, for the sequences that asked
+    logprobs: list[SeqLogprobs] = field(default_factory=list)

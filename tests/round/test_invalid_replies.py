@@ -12,7 +12,7 @@ import logging
 import pytest
 
 from ssd import wire
-from ssd.params import FinishReason, SamplingParams
+from ssd.params import FinishReason, SamplingParams, TokenLogprob
 from ssd.round import CoreConfig, Phase
 from ssd.round.state import MAX_TARGET_FAILURES
 from tests.round.fakes import K, VOCAB, Rig, events, tokens_seen
@@ -94,6 +94,26 @@ def test_an_invalid_first_token_prefills_again(rig, caplog):
     assert again.items[0].tokens == [5, 6, 7]
     core.on_message(rig.target, wire.Prefilled([(req.seq, 9)], 0.01, []))
     assert tokens_seen(req) == [9]
+
+
+def test_logprobs_reach_the_client_before_their_tokens_and_a_reply_that_owes_them_is_rejected(rig, caplog):
+    core = rig.core
+    asks, owed = (core.submit(rid, [5, 6, 7], SamplingParams(max_tokens=40, logprobs=1), mode="ssd")
+                  for rid in ("asks", "owed"))
+    core.take_new()
+    (prefill,) = rig.take(wire.Prefill)
+    assert [it.sampling.logprobs for it in prefill.items] == [1, 1]
+    core.on_message(rig.target, wire.Prefilled([(asks.seq, 9), (owed.seq, 9)], 0.01, [],
+                                               [wire.SeqLogprobs(asks.seq, [-0.5], [9], [-0.5])]))
+    assert events(asks) == [("logprobs", [TokenLogprob(9, -0.5, ((9, -0.5),))]), ("tokens", [9])]
+    assert tokens_seen(owed) == [] and owed.phase is Phase.PREFILL and "logprobs for 0 tokens" in caplog.text
+    rig.take(wire.DraftAdd)
+    core.dispatch()
+    verify = answer_jits(rig)
+    lps = wire.SeqLogprobs(asks.seq, [-0.1, -0.2], [11, 4], [-0.1, -0.2])   # j = 1: 11, then t* = 4
+    core.on_message(rig.target, wire.Outcomes(verify.batch_id, [outcome(asks)], 0.05, [], [lps]))
+    assert events(asks) == [("logprobs", [TokenLogprob(11, -0.1, ((11, -0.1),)), TokenLogprob(4, -0.2, ((4, -0.2),))]),
+                            ("tokens", [11, 4])]
 
 
 def test_a_target_that_keeps_answering_nonsense_fails_the_request_with_a_clear_error(rig):

@@ -11,13 +11,18 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from ssd.engine.stats import SpecStats
-from ssd.params import FinishReason, SamplingParams
+from ssd.params import FinishReason, SamplingParams, TokenLogprob
 from ssd.tokenizer import Tokenizer
 from services.router.frontend import Frontend
 from services.router.http import HttpServer
 
 MODEL = "smollm2-135m-instruct"
 TEXT = "The quick brown fox jumps over the lazy dog. "
+
+
+def fake_logprob(token: int, n: int) -> TokenLogprob:
+    """The fake core's logprob of a token: -0.25, with alternatives token, token + 1, ... at -0.25, -1.25, ..."""
+    return TokenLogprob(token, -0.25, tuple((token + i, -0.25 - i) for i in range(n)))
 
 
 @dataclass(eq=False)
@@ -68,6 +73,8 @@ class FakeCore:
             req.first_token_at = req.first_token_at or time.monotonic()
             req.stats.record_round(3, 2, len(ids[i:i + 3]))
             req.stats.count("cache", "hit")
+            if req.params.logprobs is not None:
+                req.events.put(("logprobs", [fake_logprob(t, req.params.logprobs) for t in ids[i:i + 3]]))
             req.events.put(("tokens", ids[i:i + 3]))
         req.finish = FinishReason.LENGTH
         req.events.put(("done", FinishReason.LENGTH))

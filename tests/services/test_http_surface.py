@@ -40,7 +40,6 @@ REFUSED = [  # (endpoint body, extra fields, the param the 400 names)
     (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     (CHAT, {"tool_choice": "required"}, "tool_choice"),
     (CHAT, {"n": 2}, "n"),
-    (CHAT, {"logprobs": True}, "logprobs"),
     (CHAT, {"temprature": 0.5}, "temprature"),           # a typo is not silently dropped
     (CHAT, {"prompt": "Hi"}, "prompt"),
     (CHAT, {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
@@ -52,7 +51,6 @@ REFUSED = [  # (endpoint body, extra fields, the param the 400 names)
     (COMPLETION, {"echo": True}, "echo"),
     (COMPLETION, {"best_of": 3}, "best_of"),
     (COMPLETION, {"suffix": "end"}, "suffix"),
-    (COMPLETION, {"logprobs": 2}, "logprobs"),
     (COMPLETION, {"messages": []}, "messages"),
     (COMPLETION, {"include_stop_str_in_output": True}, "include_stop_str_in_output"),
     (COMPLETION, {"skip_special_tokens": False}, "skip_special_tokens"),
@@ -198,3 +196,44 @@ def test_penalties_and_biases_reach_the_engine(served):
     p = core.last.params
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.25, 1.2)
     assert p.logit_bias == ((5, 2.5), (17, -100.0)) and p.min_tokens == 3
+
+
+def test_chat_logprobs_whole_and_streamed_parse_in_the_openai_client(client, tok):
+    messages = [{"role": "user", "content": "Hi"}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=7, logprobs=True,
+                                           top_logprobs=2)
+    content = whole.choices[0].logprobs.content
+    ids = tok.encode(whole.choices[0].message.content)
+    assert len(content) == 7 and [c.token for c in content] == [tok.decode([i]) for i in ids[:7]]
+    assert all(c.logprob == -0.25 and c.bytes == list(c.token.encode()) for c in content)
+    assert [t.logprob for t in content[0].top_logprobs] == [-0.25, -1.25]
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=7, logprobs=True,
+                                                 stream=True))
+    streamed = [c for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+    assert [c.token for c in streamed] == [c.token for c in content] and streamed[0].top_logprobs == []
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
+    assert plain.choices[0].logprobs is None
+
+
+def test_completion_logprobs_parse_in_the_openai_client(client, tok):
+    out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=5, logprobs=2)
+    lp = out.choices[0].logprobs
+    assert lp.token_logprobs == [-0.25] * 5 and len(lp.tokens) == 5 and len(lp.top_logprobs) == 5
+    assert "".join(lp.tokens) == out.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+    assert list(lp.top_logprobs[0].values()) == [-0.25, -1.25]
+
+
+@pytest.mark.parametrize("path, fields, param", [
+    ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/chat/completions", {"logprobs": 3}, "logprobs"),
+    ("/v1/completions", {"logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"logprobs": True}, "logprobs"),
+    ("/v1/completions", {"top_logprobs": 2}, "top_logprobs"),
+])
+def test_bad_logprobs_are_a_400_naming_them(served, path, fields, param):
+    base = CHAT if path == "/v1/chat/completions" else COMPLETION
+    status, body = post_json(served[0], path, {**base, **fields})
+    assert status == 400, body
+    assert_error(body, param)
