@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ssd.engine.draft_branches import BranchDecoding
-from ssd.engine.draft_features import FeatureInputs
+from ssd.engine.draft_features import Chains, FeatureInputs
 from ssd.engine.features import FeatureBlock
 from ssd.engine.proposal import draw
 from ssd.models.blocks import PrefixStats
@@ -71,6 +71,7 @@ class _DraftSeq:
     feats: torch.Tensor | None = None                 # feature drafts: row p = input feature of position p
     nfeat: int = 0                                    # the target's features 0..nfeat-1 are known
     fresh: int = 0                                    # KV of positions < fresh was computed from known inputs
+    chains: Chains | None = None                      # feature drafts: the last speculations made, with outputs
 
 
 class DraftWorker(BranchDecoding):
@@ -103,6 +104,9 @@ class DraftWorker(BranchDecoding):
         self.feature_inputs = FeatureInputs(self.feature_size, max_len, max_len + k + 1, model.embed.dtype,
                                             self.device)
         self.feature_rows_received = 0   # target feature rows taken by add/commit
+        self.stepwise_glues = 0          # feature drafts: speculations glued one token a step (not a chain of its own)
+        self._vocab_ids = model.vocab_ids if hasattr(model, "draft_logits") else None   # a draft vocabulary's ids
+        self._vocab_sorted = self._vocab_ids is not None and bool((self._vocab_ids.diff() > 0).all())
 
     @property
     def prefix_stats(self) -> PrefixStats:
@@ -167,9 +171,18 @@ class DraftWorker(BranchDecoding):
                 self.evictions += 1
             self.cache.ensure(s.slot, end)
 
-    def _propose(self, logits: torch.Tensor, seqs: list[_DraftSeq]) -> tuple[list[int], list | None]:
-        """Draw one token per row from the proposal q; return the tokens and q's sparse support (or None)."""
-        return draw(logits, [s.params for s in seqs], [s.generator for s in seqs])
+    def _propose(self, hidden: torch.Tensor, seqs: list[_DraftSeq]) -> tuple[list[int], list | None]:
+        """Draw one token per row of the outputs `hidden` from the proposal q; return the tokens and q's sparse
+        support (or None). A greedy batch of a draft with its own vocabulary takes the argmax over that vocabulary
+        (the lowest target id among equal maxima, as the argmax over the full one), never building full rows."""
+        params = [s.params for s in seqs]
+        if self._vocab_ids is not None and all(p.temperature == 0 for p in params):
+            small = self.model.draft_logits(hidden)
+            if self._vocab_sorted:   # the first maximum is the lowest id
+                return self._vocab_ids[small.argmax(-1)].tolist(), None
+            top = small == small.max(-1, keepdim=True).values
+            return torch.where(top, self._vocab_ids, self.model.cfg.vocab_size).min(-1).values.tolist(), None
+        return draw(self.model.logits(hidden), params, [s.generator for s in seqs])
 
     def _catch_up_rows(self, seqs: list[_DraftSeq]) -> tuple[list[list[int]], list[int]]:
         """Tokens each sequence must (re)feed so its last committed token's output is computed."""
@@ -231,6 +244,7 @@ class DraftWorker(BranchDecoding):
         self._map(seqs, [st + len(r) + max(0, ke - 1) for st, r, ke in zip(starts, rows, k_eff)])
         t0 = time.perf_counter()
         prev = None   # feature drafts: each row's output at its last position, the next step's input feature
+        along = [[] for _ in seqs]   # feature drafts: those outputs per sequence, step by step
         for step in range(max(k_eff, default=0)):
             active = [b for b in range(len(seqs)) if k_eff[b] > step]
             fb = ForwardBatch.ragged([rows[b] for b in active], [starts[b] for b in active],
@@ -244,11 +258,14 @@ class DraftWorker(BranchDecoding):
                 hidden, pre = self.forward(fb, self.cache, features=True)
                 if prev is None:
                     prev = torch.zeros(len(seqs), self.feature_size, dtype=pre.dtype, device=self.device)
-                prev[active] = pre[pick]
+                out = pre[pick]
+                prev[active] = out
+                for r, b in enumerate(active):
+                    along[b].append(out[r])
                 hidden = hidden[pick]
             else:
                 hidden = self.forward(fb, self.cache)[pick]
-            tokens, support = self._propose(self.model.logits(hidden), [seqs[b] for b in active])
+            tokens, support = self._propose(hidden, [seqs[b] for b in active])
             for r, b in enumerate(active):
                 if step == 0:
                     self._caught_up(seqs[b], starts[b])
@@ -259,6 +276,10 @@ class DraftWorker(BranchDecoding):
                     specs[b].proposal.append(support[r])
                 starts[b] += len(rows[b])
                 rows[b] = [tokens[r]]
+        if self.feature_size:   # the next round's glue reads these (`ssd.engine.draft_features.chain_inputs`)
+            for s, sp, outs in zip(seqs, specs, along):
+                s.chains = Chains(len(s.tokens) - 1, 1, {(s.tokens[-1],): (sp.tokens, torch.stack(outs))}) \
+                    if outs else None
         self.last_jit_step_s = (time.perf_counter() - t0) / max(1, max(k_eff, default=0))
         return specs
 

@@ -10,13 +10,16 @@ Branch chains of one sequence are the T queries of one forward row: each attends
 s1..sj and its own chain, through an explicit mask, and writes its KV to scratch columns past the speculated
 region (blocks from the pool reserved for branches, given back after the round), so committed KV is never
 overwritten. A feature-reading draft runs the glue as one forward over the committed catch-up (stored input
-features) plus one single-token step per speculated token, each reading the previous step's output; a branch
-reads the glue output where it forks, then its own previous output.
+features) and s1..sK, whose input features are the outputs of the chain that produced the speculation (a JIT's
+steps or a branch's, kept as `Chains`); a speculation it did not make takes one single-token step per token
+instead, each reading the previous step's output. A branch reads the glue output where it forks, then its own
+previous output. A greedy round of a draft with its own vocabulary draws over that vocabulary only.
 """
 from __future__ import annotations
 
 import torch
 
+from ssd.engine.draft_features import Chains, chain_inputs
 from ssd.engine.forks import select_forks_batch
 from ssd.models.decoder import ForwardBatch
 from ssd.wire import CacheEntry
@@ -45,7 +48,7 @@ class BranchDecoding:
             picks = [(b, c) for b, sp in enumerate(specs) for c in range(len(rows[b]) - len(sp) - 1, len(rows[b]))]
             logits = self.model.logits(hidden[[b for b, _ in picks], [c for _, c in picks]])
         for s, sp in zip(seqs, specs):
-            s.kv_len, s.written = len(s.tokens), list(sp)
+            s.kv_len, s.written, s.chains = len(s.tokens), list(sp), None
         forks_per_seq = select_forks_batch(logits, specs, fanouts)
         for s, sp, forks in zip(seqs, specs, forks_per_seq):
             self.cache.ensure(s.slot, len(s.tokens) + len(sp) + 1 + len(forks) * self.k, scratch=True)
@@ -55,21 +58,39 @@ class BranchDecoding:
         return {seq_id: e for (seq_id, _), e in zip(items, entries)}
 
     def _glue_with_features(self, seqs, specs, rows, starts) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A feature draft's glue: the committed catch-up in one forward (stored features), then s1..sK one
-        step each, every step reading the previous step's output. Returns the logits rows j = 0..K_b of each
-        sequence in order, and per sequence the outputs [K_b + 1, F] at those positions (a branch forking at
-        j reads row j as its first input feature)."""
+        """A feature draft's glue. Returns the logits rows j = 0..K_b of each sequence in order, and per sequence
+        the outputs [K_b + 1, F] at those positions (a branch forking at j reads row j as its first input feature).
+
+        A speculation this draft produced itself (a JIT, or the branch of the outcome that came) takes the inputs
+        of s1..sK from the outputs that chain computed (`chain_inputs`), so the committed catch-up (stored
+        features) and s1..sK are one forward. Any other (an n-gram backup, a rebuilt sequence) runs s1..sK one
+        step each after the catch-up, every step reading the previous step's output."""
         B, dev = len(seqs), self.device
+        known = [chain_inputs(s, sp) for s, sp in zip(seqs, specs)]   # [len(sp), F] or None
+        fed = [r + sp if k is not None else r for r, sp, k in zip(rows, specs, known)]
         self._map(seqs, [st + len(r) + len(sp) for st, r, sp in zip(starts, rows, specs)])
-        fb = ForwardBatch.ragged(rows, starts, [s.slot for s in seqs], dev)
-        fb.features = self.feature_inputs.inputs(seqs, rows, starts)
+        fb = ForwardBatch.ragged(fed, starts, [s.slot for s in seqs], dev)
+        feats = self.feature_inputs.inputs(seqs, rows, starts)
+        width = max(len(f) for f in fed)
+        if width > feats.shape[1]:
+            feats = torch.cat([feats, feats.new_zeros(B, width - feats.shape[1], feats.shape[2])], dim=1)
+        for b, k in enumerate(known):
+            if k is not None and len(k):
+                feats[b, len(rows[b]):len(rows[b]) + len(k)] = k.to(feats.dtype)
+        fb.features = feats
         hidden, pre = self.forward(fb, self.cache, features=True)
-        pick = torch.arange(B, device=dev), torch.tensor([len(r) - 1 for r in rows], device=dev)
-        hs, outs = [[h] for h in hidden[pick]], [[o] for o in pre[pick]]
+        hs, outs = [], []
+        for b, k in enumerate(known):
+            c0 = len(rows[b]) - 1                       # the last committed token; then s1..sK when known
+            n = 1 + (len(specs[b]) if k is not None else 0)
+            hs.append(list(hidden[b, c0:c0 + n]))
+            outs.append(list(pre[b, c0:c0 + n]))
         for s, st in zip(seqs, starts):
             self._caught_up(s, st)
-        for i in range(1, max((len(sp) for sp in specs), default=0) + 1):
-            active = [b for b in range(B) if len(specs[b]) >= i]
+        stepwise = [b for b in range(B) if known[b] is None]
+        self.stepwise_glues += sum(1 for b in stepwise if specs[b])
+        for i in range(1, max((len(specs[b]) for b in stepwise), default=0) + 1):
+            active = [b for b in stepwise if len(specs[b]) >= i]
             fb = ForwardBatch.ragged([[specs[b][i - 1]] for b in active],
                                      [len(seqs[b].tokens) - 1 + i for b in active], [seqs[b].slot for b in active], dev)
             fb.features = torch.stack([outs[b][-1] for b in active])[:, None]
@@ -106,7 +127,7 @@ class BranchDecoding:
         chains = [[[] for _ in range(nb[b])] for b in range(B)]
         props = [[[] for _ in range(nb[b])] for b in range(B)]
         branch_seqs = [s for b, s in enumerate(seqs) for _ in range(nb[b])]
-        feats = None
+        feats, outputs = None, []
         if glue_feats is not None:
             feats = torch.zeros(B, width, self.feature_size, dtype=self.model.embed.dtype, device=dev)
             for b, f in enumerate(forks_per_seq):
@@ -119,10 +140,11 @@ class BranchDecoding:
             if feats is not None:
                 fb.features = feats
                 hidden, feats = self.forward(fb, self.cache, features=True)
+                outputs.append(feats)   # each branch's output at its step-d input: the next round's glue input
                 hidden = hidden[valid_d]
             else:
                 hidden = self.forward(fb, self.cache)[valid_d]  # branches in (b, i) order
-            tokens, support = self._propose(self.model.logits(hidden), branch_seqs)
+            tokens, support = self._propose(hidden, branch_seqs)
             r = 0
             for b in range(B):
                 for i in range(nb[b]):
@@ -132,6 +154,11 @@ class BranchDecoding:
                     r += 1
             if d + 1 < K:
                 ids = ids.masked_scatter(valid_d, torch.tensor(tokens, dtype=torch.long, device=dev))
+        if outputs:
+            along = torch.stack(outputs, dim=2)   # [B, width, K, F]
+            for b, forks in enumerate(forks_per_seq):
+                table = {(*specs[b][:j], t): (chains[b][i], along[b, i]) for i, (j, t) in enumerate(forks)}
+                seqs[b].chains = Chains(L[b], len(specs[b]) + 1, table)
         out = []
         for b, forks in enumerate(forks_per_seq):
             sampled = seqs[b].params.temperature != 0

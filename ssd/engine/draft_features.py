@@ -9,6 +9,8 @@ speculated positions read the draft's own output at the previous position instea
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ssd.engine.features import FeatureBlock
@@ -57,3 +59,26 @@ class FeatureInputs:
             self.grow(s, st + len(r))
             out[b, :len(r)] = s.feats[st:st + len(r)]
         return out
+
+
+@dataclass(slots=True)
+class Chains:
+    """The speculations a feature draft produced for one sequence in its last round or JIT, with its outputs along
+    each. A chain is the continuation for the committed tokens [start:] being `after` (s1..sj, t* for a branch of
+    outcome (j, t*); the last committed token for a JIT); `table[after]` = (its tokens c1..cn, its outputs [n, F]:
+    row 0 at the last token of `after`, row d at c_d), so row d is the input feature of c_(d+1)."""
+    start: int
+    span: int                                          # the longest `after`
+    table: dict[tuple[int, ...], tuple[list[int], torch.Tensor]]
+
+
+def chain_inputs(s, spec: list[int]) -> torch.Tensor | None:
+    """The input features of `spec` in sequence `s` ([len(spec), F]) when `spec` follows a chain this draft made
+    for the tokens committed since, else None."""
+    c = s.chains
+    if c is None or not spec or not 0 < len(s.tokens) - c.start <= c.span:
+        return None
+    found = c.table.get(tuple(s.tokens[c.start:]))
+    if found is None or found[0][:len(spec)] != spec or len(found[1]) < len(spec):
+        return None
+    return found[1][:len(spec)]

@@ -107,3 +107,68 @@ def test_greedy_and_seeded_outputs_are_the_targets(pair, mode):
     # every prompt row, then j + 1 rows per verify (a finished sequence's last round is not passed on)
     last_rounds = len(prompts) * (3 + 1)
     assert engine.draft.feature_rows_received >= sum(len(p) for p in prompts) + engine.stats.tokens - last_rounds
+
+
+def _forwards(worker):
+    """Counts the worker's forwards (its `forward` attribute, wrapped)."""
+    calls = []
+    inner = worker.forward
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].input_ids.shape)
+        return inner(*args, **kwargs)
+    worker.forward = counted
+    return calls
+
+
+def _entries(published):
+    return [(e.accepted, e.token, e.tokens) for e in published]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_glue_after_a_jit_is_one_forward_with_the_same_entries(pair, temperature):
+    """After a JIT, the glue over [last committed token, s1..sK] reads the outputs the JIT computed: one forward
+    instead of K + 1, and the cache entries are those of the step-by-step glue."""
+    target, draft = pair
+    tokens = list(range(3, 35))
+    feats = _target_features(target, tokens)
+    params = DraftParams(temperature, 16 if temperature else 0, seed=5)
+    out = {}
+    for reuse in (True, False):
+        w = DraftWorker(draft, 2, 256, 3, [3, 2, 2, 2])
+        w.add(0, tokens, params, feats)
+        spec = w.jit([0], 3)[0].tokens
+        if not reuse:
+            w.seqs[0].chains = None       # what a speculation the draft did not make gets: the stepwise glue
+        calls = _forwards(w)
+        out[reuse] = _entries(w.speculate([(0, spec)])[0]), len(calls)
+    (reused, n_reused), (stepwise, n_stepwise) = out[True], out[False]
+    assert reused == stepwise and len(reused) == 9
+    assert (n_reused, n_stepwise) == (1 + 3, 1 + 3 + 3)   # glue (+ K steps), then K branch steps
+
+
+def test_glue_after_a_hit_reads_the_branch_that_made_the_speculation(pair):
+    """A round whose speculation is the cache entry of the outcome that came: the glue is one forward, its
+    inputs the outputs that branch computed; what follows stays consistent (its next entries are proposals
+    from the same draft, and engine outputs stay the target's: test_greedy_and_seeded_outputs_are_the_targets)."""
+    target, draft = pair
+    tokens = list(range(3, 35))
+    w = DraftWorker(draft, 2, 256, 3, [2, 2, 2, 2])
+    w.add(0, tokens, DraftParams(), _target_features(target, tokens))
+    spec = w.jit([0], 3)[0].tokens
+    entries = w.speculate([(0, spec)])[0]
+    e = next(x for x in entries if x.accepted == 1)   # outcome: s1 accepted, then t* = the fork's token
+    committed = tokens + spec[:1] + [e.token]
+    full = _target_features(target, committed)
+    w.commit(0, spec[:1] + [e.token], FeatureBlock(len(tokens) - 1, full.rows[len(tokens) - 1:len(committed) - 1]))
+    calls = _forwards(w)
+    again = w.speculate([(0, e.tokens)])[0]
+    assert len(calls) == 1 + 3 and len(again) == 8
+    assert all(x.token != e.tokens[x.accepted] for x in again if x.accepted < 3)   # forks exclude the drafted token
+    # outcome (0, t*) of a fork the draft made, but then a speculation it never made (say an n-gram backup's):
+    # the stepwise glue
+    t = next(x.token for x in again if x.accepted == 0)
+    w.commit(0, [t], FeatureBlock(len(committed) - 1, _target_features(target, committed + [t]).rows[-2:-1]))
+    calls.clear()
+    w.speculate([(0, [7, 8, 9])])
+    assert len(calls) == 1 + 3 + 3
