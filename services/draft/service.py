@@ -12,7 +12,7 @@ from pathlib import Path
 from ssd.engine.draft import DraftWorker
 from ssd.engine.draft_handler import DraftHandler
 from ssd.models.kv_cache import default_kv_tokens
-from ssd.spec.fanout import uniform_fanout
+from ssd.spec.fanout import default_fanout
 from ssd.worker.service import Loaded, Role, WorkerConfig, load_plain, run_worker, setup_process
 
 
@@ -23,12 +23,13 @@ class DraftConfig(WorkerConfig):
     control_address: str = field(default="127.0.0.1:5702", metadata={"help": "gRPC control address to bind"})
     k: int = field(default=3, metadata={"help": "tokens per speculation (K)"})
     fanout: tuple[int, ...] = field(default=(), metadata={"help": "forks per acceptance position F_0..F_K"})
-    budget: int = field(default=0, metadata={"help": "total forks per round when fanout is not given"})
+    budget: int = field(default=0, metadata={"help": "total forks per round when fanout is not given "
+                                                     "(0 = 16 (K+1)); sizes the draft's scratch KV"})
 
     def resolved_fanout(self) -> list[int]:
         if self.fanout:
             return list(self.fanout)
-        return uniform_fanout(self.k, self.budget or 2 * (self.k + 1))
+        return default_fanout(self.k, self.budget or None)
 
 
 def draft_role(cfg: DraftConfig, folder: Path) -> Role:

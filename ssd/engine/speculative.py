@@ -28,7 +28,7 @@ from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, default_kv_tokens
 from ssd.round import CoreConfig, RoundCore, WorkerPool
 from ssd.sampling import SamplingParams
 from ssd.spec.backup import BackupPolicy
-from ssd.spec.fanout import uniform_fanout
+from ssd.spec.fanout import default_fanout
 
 PEER = b"local"      # the handlers key sequences by (peer, seq): in process there is one peer
 TOKENIZER = "local"  # the core checks every worker serves one tokenizer; in process they share the model's
@@ -39,8 +39,8 @@ MAX_PASSES = 64      # deliveries in one step before it gives up on reaching a v
 class SpecConfig:
     mode: str = "ssd"                 # "sd" or "ssd"
     k: int = 3                        # drafted tokens per round (with `adaptive`, the most)
-    fanout: tuple[int, ...] | None = None  # F_0..F_K; default: uniform over `budget`
-    budget: int | None = None         # total forks per sequence and round; default 2 (K + 1)
+    fanout: tuple[int, ...] | None = None  # F_0..F_K; default: `budget` split by ssd.spec.fanout.default_fanout
+    budget: int | None = None         # total forks per sequence and round; default 16 (K + 1)
     backup: BackupPolicy = BackupPolicy.JIT
     draft_top_k: int = 32             # sampling: the draft's q is truncated to its top-k (sparse on the wire)
     saguaro_c: float = 1.0
@@ -55,7 +55,7 @@ class SpecConfig:
             raise ValueError(f"k must be >= 1, got {self.k}")
         self.backup = BackupPolicy(self.backup)
         if self.fanout is None:
-            self.fanout = tuple(uniform_fanout(self.k, self.budget or 2 * (self.k + 1)))
+            self.fanout = tuple(default_fanout(self.k, self.budget or None))
         self.fanout = tuple(self.fanout)
         if len(self.fanout) != self.k + 1:
             raise ValueError(f"fanout needs K+1 = {self.k + 1} entries, got {self.fanout}")

@@ -3,8 +3,8 @@ for (per replica). Both learn from what rounds measure. No torch, no sockets.
 
 K: a request that pins K always gets it; otherwise the adaptive policy's choice for the current batch size
 (`ssd.spec.adaptive`), with a probe round now and then while it is 0 and an explore round at a neighbouring K.
-Fan-out: the split by the measured acceptance (the ssd policy's first position), the total by the draft's
-lateness (`ssd.spec.fanout.FanoutPolicy`).
+Fan-out: the split by the acceptance measured at each position, the total by the draft's round time against the
+target's verify time and by its lateness (`ssd.spec.fanout.FanoutPolicy`).
 """
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ from ssd.spec.cache import LookupReason
 from ssd.spec.fanout import FanoutPolicy
 
 log = logging.getLogger("ssd.round")
-
-PRIOR_ACCEPTANCE = 0.6   # the fan-out's acceptance before the ssd policy measured any
 
 
 class SpeculationPlanner:
@@ -92,14 +90,25 @@ class SpeculationPlanner:
         change."""
         if self.adaptive:
             self.verify_cost.observe(positions, compute, overhead)
+        for policy in self._fanout.values():
+            policy.observe_verify(compute)
+
+    def observe_draft_round(self, draft, compute: float) -> None:
+        """A draft's compute for a round it published (its fan-out policy sizes the budget from it)."""
+        policy = self._fanout.get(draft)
+        if policy is not None:
+            policy.observe_draft(compute)
 
     def observe_lookup(self, req, j: int, reason: LookupReason) -> None:
-        """A drafted round's cache lookup: hit or not for the adaptive policy; late or not, and for an outcome its
-        draft had candidates for (hit or no entry) how many it had, for its draft's fan-out policy."""
+        """A drafted round's cache lookup: hit or not for the adaptive policy; the outcome, late or not, and for an
+        outcome its draft had candidates for (hit or no entry) how many it had, for its draft's fan-out policy."""
         if req.mode in self.adaptive:
             self.adaptive[req.mode].observe_lookup(reason is LookupReason.HIT)
         policy = self._fanout.get(req.draft) if req.draft is not None else None
-        if policy is None or reason in (LookupReason.STALE, LookupReason.FORCED):
+        if policy is None:
+            return
+        policy.observe_outcome(j, len(req.round.tokens))
+        if reason in (LookupReason.STALE, LookupReason.FORCED):
             return
         policy.observe_late(reason is LookupReason.LATE)
         if reason in (LookupReason.HIT, LookupReason.NO_ENTRY) and req.round.fanout:
@@ -115,8 +124,7 @@ class SpeculationPlanner:
         policy = self._fanout.get(draft)
         if policy is None:
             policy = self._fanout[draft] = FanoutPolicy(self.k, sum(draft.ready.fanout))
-        # the first position's acceptance: every speculating round measures it (later positions only at K >= 2)
-        fanout = policy.fanout(self.adaptive["ssd"].acceptance[0] if "ssd" in self.adaptive else PRIOR_ACCEPTANCE)
+        fanout = policy.fanout()
         if fanout != self._fanout_logged.get(draft):
             self._fanout_logged[draft] = fanout
             log.debug("fan-out for draft %s: %s (budget %d of %d, r %.2f)", getattr(draft, "address", draft), fanout,

@@ -189,6 +189,7 @@ class Replies:
         core.times.draft_rounds += 1
         core.times.draft_round_s += msg.elapsed_s
         core.metrics.draft_round(msg.elapsed_s)
+        core.planner.observe_draft_round(worker, msg.elapsed_s)
         req = core.active.get(msg.seq)
         if req is None or req.draft is not worker:
             log.debug("draft %s: cache entries for seq %d, which is not its sequence (now): ignored",

@@ -14,9 +14,17 @@ Contract
   ``F_j = 0``, and those outcomes always miss the cache. ``min_fanout`` (default 0, the pure theorem)
   raises every position to at least that many forks, taken from the positions most above their share,
   whenever ``budget >= min_fanout * (K+1)``; otherwise it is ignored.
+* ``outcome_fanout`` is the same optimum for any distribution of the outcome ``P(j)`` (Theorem 12 is its
+  i.i.d. case): ``F_j ∝ P(j)^(1/(1+r))``; ``outcome_probabilities`` gives ``P(j)`` from the conditional
+  acceptance at each position.
 * ``fit_power_law`` and ``estimate_acceptance`` turn measured statistics into ``r`` and ``a``.
-* ``FanoutPolicy`` adjusts one draft's fan-out online from what the router measures: the split by Theorem 12
-  with the measured ``a`` and ``r``, the total shrunk while the draft's entries arrive late.
+* ``FanoutPolicy`` adjusts one draft's fan-out online from what the router measures: the split by
+  ``outcome_fanout`` with the acceptance measured at each position and the fitted ``r``, the total sized so
+  the draft's round fits in the target's verify, and cut while the draft's entries arrive late.
+* ``default_fanout`` is what a draft runs when told nothing: ``default_budget(K)`` = 16 (K+1) forks split by
+  Theorem 12 with the priors. On the default pair the hit rate grows with the budget well past the paper's
+  few forks per position (0.43 at 8 forks, 0.73 at 64, K = 3: ``bench/results/fanout.json``), and the
+  miss rate falls as about ``F^-0.4``, not ``F^-1``.
 
 Plain Python and numpy: the router imports this module and must not import torch.
 """
@@ -30,12 +38,20 @@ import numpy as np
 __all__ = [
     "FanoutPolicy",
     "acceptance_counts",
+    "default_budget",
+    "default_fanout",
     "estimate_acceptance",
     "fit_power_law",
     "geometric_fanout",
     "geometric_weights",
+    "outcome_fanout",
+    "outcome_probabilities",
     "uniform_fanout",
 ]
+
+PRIOR_ACCEPTANCE = 0.6   # per position, before any is measured
+R_PRIOR = 0.4            # miss(F) ~ F^-r: measured on the default pair (bench/fanout.py), 0.3-0.5 by position
+FORKS_PER_POSITION = 16  # the default budget per acceptance position
 
 
 def _check(K: int, budget: int) -> None:
@@ -90,6 +106,44 @@ def geometric_fanout(K: int, budget: int, a: float, r: float, min_fanout: int = 
                 out[donor] -= 1
                 out[j] += 1
     return out
+
+
+def outcome_probabilities(acceptance: Sequence[float]) -> list[float]:
+    """``P(j)``, j = 0..K, for a K-token speculation whose token i+1 is accepted with probability
+    ``acceptance[i]`` once tokens 1..i were: ``prod(a[:j]) (1 - a[j])``, and ``prod(a)`` at j = K."""
+    if any(not 0.0 <= a <= 1.0 for a in acceptance):
+        raise ValueError(f"acceptance rates must be in [0, 1], got {list(acceptance)}")
+    out, reach = [], 1.0
+    for a in acceptance:
+        out.append(reach * (1.0 - a))
+        reach *= a
+    return out + [reach]
+
+
+def outcome_fanout(budget: int, p_outcome: Sequence[float], r: float) -> list[int]:
+    """The fan-out maximising the hit rate ``sum_j P(j) (1 - F_j^-r)`` for the outcome distribution ``p_outcome``:
+    ``F_j ∝ P(j)^(1/(1+r))``, rounded by largest remainder to sum to ``budget``. With
+    ``P = outcome_probabilities([a] * K)`` it is ``geometric_fanout(K, budget, a, r)``."""
+    if not p_outcome:
+        raise ValueError("p_outcome needs one probability per acceptance position")
+    _check(len(p_outcome) - 1, budget)
+    if not r > 0.0:
+        raise ValueError(f"power-law exponent r must be > 0, got {r}")
+    if any(p < 0 for p in p_outcome) or not sum(p_outcome) > 0:
+        raise ValueError(f"p_outcome must be >= 0 with a positive sum, got {list(p_outcome)}")
+    w = [p ** (1.0 / (1.0 + r)) for p in p_outcome]
+    return _largest_remainder([x / sum(w) for x in w], budget)
+
+
+def default_budget(K: int) -> int:
+    """The forks per round a draft prepares when told nothing: ``FORKS_PER_POSITION`` per acceptance position."""
+    _check(K, 0)
+    return FORKS_PER_POSITION * (K + 1)
+
+
+def default_fanout(K: int, budget: int | None = None) -> list[int]:
+    """A draft's own fan-out: ``budget`` (default ``default_budget(K)``) split by Theorem 12 with the priors."""
+    return geometric_fanout(K, default_budget(K) if budget is None else budget, PRIOR_ACCEPTANCE, R_PRIOR)
 
 
 def fit_power_law(fanouts: Sequence[float], miss_rates: Sequence[float], eps: float = 1e-4) -> float:
@@ -147,30 +201,46 @@ class FanoutPolicy:
     """The fan-out one draft should use, adjusted online (the router keeps one per draft and sends it with each
     round; the draft's own fan-out sizes its scratch space, so that sum is the most it can take).
 
-    * Split: ``geometric_fanout`` with the measured acceptance ``a`` (given to ``fanout``) and the exponent ``r``
-      fitted to the measured miss rate at each fork count: ``observe_lookup(forks, hit)`` for an outcome the
-      draft had published ``forks`` candidates for. ``r_prior`` until some fork count above 1 has
-      ``min_lookups`` observations (counts decay by ``decay`` per observation, so ``r`` follows the text).
-    * Budget: the draft's own while its entries arrive in time. ``observe_late(late)`` for every lookup of a
-      drafted round; every ``window`` of them, a late fraction above ``late_high`` takes a quarter off the budget
-      (at least one fork, down to K + 1: one fork per position), one below ``late_low`` gives one back.
+    * Split: ``outcome_fanout`` over ``P(j)`` from the conditional acceptance measured at each position
+      (``observe_outcome(j, offered)`` for each drafted round's outcome; decayed counts with ``prior_acceptance``
+      as a prior of ``prior_strength`` rounds per position), and the exponent ``r`` fitted to the measured miss
+      rate at each fork count: ``observe_lookup(forks, hit)`` for an outcome the draft had published ``forks``
+      candidates for. ``r_prior`` until some fork count above 1 has ``min_lookups`` observations (counts decay
+      by ``decay`` per observation, so ``r`` follows the text).
+    * Budget: every ``window`` lookups of drafted rounds (``observe_late(late)``), a late fraction above
+      ``late_high`` takes a quarter off (at least one fork, down to K + 1: one fork per position). Otherwise the
+      budget is scaled so the draft's round takes ``headroom`` of the target's verify: by ``headroom /
+      (draft time / verify time)`` over the window (``observe_draft(s)`` per round the draft published,
+      ``observe_verify(s)`` per verify batch; at most x2 up, /4 down, never up while ``late_low`` or more of the
+      window was late). The draft's time grows with its forks, so this settles where the round fits. With no
+      times measured, a window under ``late_low`` late gives an eighth back (at least one fork).
     """
 
-    def __init__(self, k: int, max_budget: int, r_prior: float = 1.0, window: int = 32, late_high: float = 0.2,
-                 late_low: float = 0.05, decay: float = 0.98, min_lookups: float = 20.0):
+    def __init__(self, k: int, max_budget: int, r_prior: float = R_PRIOR, window: int = 32, late_high: float = 0.1,
+                 late_low: float = 0.03, decay: float = 0.98, min_lookups: float = 20.0,
+                 prior_acceptance: float = PRIOR_ACCEPTANCE, prior_strength: float = 4.0, headroom: float = 0.8):
         _check(k, max_budget)
         if not r_prior > 0:
             raise ValueError(f"r_prior must be > 0, got {r_prior}")
         if window < 1 or not 0 <= late_low <= late_high <= 1:
             raise ValueError("need window >= 1 and 0 <= late_low <= late_high <= 1")
+        if not 0 < prior_acceptance < 1 or not prior_strength > 0:
+            raise ValueError(f"need 0 < prior_acceptance < 1 and prior_strength > 0, got {prior_acceptance}, "
+                             f"{prior_strength}")
+        if not headroom > 0:
+            raise ValueError(f"headroom must be > 0, got {headroom}")
         self.k, self.max_budget, self.r_prior = k, max_budget, r_prior
         self.min_budget = min(k + 1, max_budget)
         self.budget = max_budget
         self.window, self.late_high, self.late_low = window, late_high, late_low
         self.decay, self.min_lookups = decay, min_lookups
+        self.prior_acceptance, self.prior_strength, self.headroom = prior_acceptance, prior_strength, headroom
         self._lookups: dict[int, float] = {}
         self._misses: dict[int, float] = {}
+        self._accepted = [0.0] * k
+        self._offered = [0.0] * k
         self._seen = self._late = 0
+        self._draft_s, self._draft_n, self._verify_s, self._verify_n = 0.0, 0, 0.0, 0
 
     def observe_lookup(self, forks: int, hit: bool) -> None:
         for f in self._lookups:
@@ -179,17 +249,45 @@ class FanoutPolicy:
         self._lookups[forks] = self._lookups.get(forks, 0.0) + 1.0
         self._misses[forks] = self._misses.get(forks, 0.0) + (0.0 if hit else 1.0)
 
+    def observe_outcome(self, accepted: int, offered: int) -> None:
+        """A drafted round's outcome: ``accepted`` of its ``offered`` tokens (positions past K are not counted)."""
+        if not 0 <= accepted <= offered:
+            raise ValueError(f"accepted ({accepted}) must lie in 0..offered ({offered})")
+        for i in range(self.k):
+            self._accepted[i] *= self.decay
+            self._offered[i] *= self.decay
+        for i in range(min(accepted + 1, offered, self.k)):
+            self._offered[i] += 1.0
+            self._accepted[i] += i < accepted
+
+    def observe_draft(self, seconds: float) -> None:
+        """The draft's compute for a round it published."""
+        self._draft_s += seconds
+        self._draft_n += 1
+
+    def observe_verify(self, seconds: float) -> None:
+        """The target's compute for a verify batch."""
+        self._verify_s += seconds
+        self._verify_n += 1
+
     def observe_late(self, late: bool) -> None:
         self._seen += 1
         self._late += late
         if self._seen < self.window:
             return
         fraction = self._late / self._seen
-        self._seen = self._late = 0
+        b = self.budget
         if fraction > self.late_high:
-            self.budget = max(self.min_budget, self.budget - max(1, self.budget // 4))
+            b -= max(1, b // 4)
+        elif self._draft_n and self._verify_n and self._draft_s > 0 and self._verify_s > 0:
+            ratio = (self._draft_s / self._draft_n) / (self._verify_s / self._verify_n)
+            scaled = min(2.0 * b, max(b / 4.0, b * self.headroom / ratio))
+            b = min(b, round(scaled)) if fraction >= self.late_low else round(scaled)
         elif fraction < self.late_low:
-            self.budget = min(self.max_budget, self.budget + 1)
+            b += max(1, b // 8)
+        self.budget = min(self.max_budget, max(self.min_budget, b))
+        self._seen = self._late = 0
+        self._draft_s, self._draft_n, self._verify_s, self._verify_n = 0.0, 0, 0.0, 0
 
     def exponent(self) -> float:
         """``r`` fitted to the fork counts with enough lookups, else the prior (also when the fit is not > 0)."""
@@ -199,5 +297,10 @@ class FanoutPolicy:
         r = fit_power_law([f for f, _ in points], [m for _, m in points])
         return r if r > 0 else self.r_prior
 
-    def fanout(self, a: float) -> list[int]:
-        return geometric_fanout(self.k, self.budget, min(max(a, 0.01), 0.99), self.exponent())
+    def acceptance(self) -> list[float]:
+        """The conditional acceptance at each position 1..K: measured, shrunk toward the prior."""
+        s, a0 = self.prior_strength, self.prior_acceptance
+        return [(acc + a0 * s) / (off + s) for acc, off in zip(self._accepted, self._offered)]
+
+    def fanout(self) -> list[int]:
+        return outcome_fanout(self.budget, outcome_probabilities(self.acceptance()), self.exponent())

@@ -232,7 +232,8 @@ def test_out_of_range_dispatch_settings_are_refused_with_their_name(setting):
 @pytest.mark.parametrize("adaptive_fanout", [True, False])
 def test_each_draft_round_carries_the_online_fanout_and_lookups_feed_it(adaptive_fanout):
     """ssd: the DraftRound sent with a verify carries a fan-out of K+1 counts within the draft's budget (empty
-    with adaptive_fanout off); the next outcome's lookup counts toward that draft's policy."""
+    with adaptive_fanout off); the next outcome's lookup, the draft's round time and the verify's count toward that
+    draft's policy."""
     rig = make_sd_rig("ssd", adaptive=True, adaptive_fanout=adaptive_fanout)
     core, draft = rig.core, rig.drafts[0]
     try:
@@ -258,6 +259,9 @@ def test_each_draft_round_carries_the_online_fanout_and_lookups_feed_it(adaptive
         policy = core.planner._fanout[draft]
         assert policy._seen == 1 and policy._late == 0        # looked up, in time
         assert policy._lookups == {fan[0]: 1.0} and policy._misses == {fan[0]: 0.0}   # a hit with F_0 forks
+        assert policy._offered[0] == 1.0 and policy._accepted[0] == 0.0   # the outcome: token 1 rejected
+        # the draft's compute for the round and the target's for the verify size the next budget
+        assert (policy._draft_n, policy._draft_s, policy._verify_n, policy._verify_s) == (1, 0.01, 1, 0.05)
     finally:
         core.shutdown("the test is over")
 

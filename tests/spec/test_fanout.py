@@ -4,8 +4,9 @@ import math
 import numpy as np
 import pytest
 
-from ssd.spec.fanout import (FanoutPolicy, acceptance_counts, estimate_acceptance, fit_power_law, geometric_fanout,
-                             geometric_weights, uniform_fanout)
+from ssd.spec.fanout import (PRIOR_ACCEPTANCE, R_PRIOR, FanoutPolicy, acceptance_counts, default_budget,
+                             default_fanout, estimate_acceptance, fit_power_law, geometric_fanout, geometric_weights,
+                             outcome_fanout, outcome_probabilities, uniform_fanout)
 
 GRID = list(itertools.product([0, 1, 3, 5, 8], [0, 1, 3, 4, 7, 16, 31, 64, 100], [0.3, 0.6, 0.8, 0.95],
                               [0.3, 1.0, 2.5]))
@@ -103,23 +104,68 @@ def test_estimate_acceptance_converges_to_data_and_holds_prior_on_few_samples():
     assert math.isfinite(estimate_acceptance([0], [100_000]))
 
 
-def test_policy_splits_by_theorem_12_with_the_measured_acceptance():
+def test_outcome_probabilities_follow_the_conditional_acceptance():
+    assert outcome_probabilities([0.5, 0.8]) == pytest.approx([0.5, 0.1, 0.4])
+    assert outcome_probabilities([]) == [1.0]
+    assert sum(outcome_probabilities([0.3, 0.9, 0.1, 0.6])) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="acceptance"):
+        outcome_probabilities([1.2])
+
+
+@pytest.mark.parametrize("K,budget,a,r", GRID[::7])
+def test_outcome_fanout_is_theorem_12_for_iid_acceptance(K, budget, a, r):
+    assert outcome_fanout(budget, outcome_probabilities([a] * K), r) == geometric_fanout(K, budget, a, r)
+
+
+def test_outcome_fanout_follows_each_positions_acceptance():
+    # the first token rarely accepted, the second almost always: outcome j = 1 is the rarest, j = 0 the likeliest
+    fan = outcome_fanout(64, outcome_probabilities([0.3, 0.95, 0.9]), 0.4)
+    assert sum(fan) == 64 and fan[0] == max(fan) and fan[1] == min(fan)
+    with pytest.raises(ValueError, match="r must be > 0"):
+        outcome_fanout(8, [0.5, 0.5], 0.0)
+    with pytest.raises(ValueError, match="p_outcome"):
+        outcome_fanout(8, [0.0, 0.0], 1.0)
+
+
+def test_the_default_is_sixteen_forks_per_position_split_by_the_priors():
+    """What a draft runs when told nothing (SpecConfig, the draft service): 64 forks at K = 3, not the paper's
+    2 per position (a hit rate of 0.43 on the default pair, against 0.73: bench/results/fanout.json), split by
+    Theorem 12 with r = 0.4, not uniformly."""
+    from services.draft.service import DraftConfig
+    from ssd.engine.speculative import SpecConfig
+
+    assert default_budget(3) == 64 and default_budget(1) == 32
+    assert default_fanout(3) == geometric_fanout(3, 64, PRIOR_ACCEPTANCE, R_PRIOR) == [23, 16, 11, 14]
+    assert R_PRIOR == 0.4
+    assert list(SpecConfig(k=3).fanout) == default_fanout(3) == DraftConfig(k=3).resolved_fanout()
+    assert sum(SpecConfig(k=2, budget=6).fanout) == 6 and sum(DraftConfig(k=2, budget=6).resolved_fanout()) == 6
+
+
+def test_policy_splits_by_the_acceptance_it_measures_at_each_position():
     p = FanoutPolicy(3, 12)
-    assert p.fanout(0.8) == geometric_fanout(3, 12, 0.8, 1.0)
-    assert p.fanout(0.3) == geometric_fanout(3, 12, 0.3, 1.0)
-    assert p.fanout(1.5) == geometric_fanout(3, 12, 0.99, 1.0)   # acceptance clipped into (0, 1)
-    assert sum(p.fanout(0.5)) == 12
+    assert p.fanout() == geometric_fanout(3, 12, PRIOR_ACCEPTANCE, R_PRIOR)   # the prior until it measures
+    rng = np.random.default_rng(1)
+    for _ in range(2000):   # token 1 accepted 30% of the time, then 90%, then 50%
+        a = [0.3, 0.9, 0.5]
+        j = next((i for i in range(3) if rng.random() >= a[i]), 3)
+        p.observe_outcome(j, 3)
+    assert p.acceptance() == pytest.approx([0.3, 0.9, 0.5], abs=0.12)
+    assert p.fanout() == outcome_fanout(12, outcome_probabilities(p.acceptance()), R_PRIOR)
+    assert p.fanout()[1] < p.fanout()[2]      # j = 1 needs token 1 accepted and token 2 rejected: rare
+    p.observe_outcome(1, 1)                   # a shorter speculation (room): positions past it are not counted
+    with pytest.raises(ValueError, match="offered"):
+        p.observe_outcome(3, 2)
 
 
 def test_policy_fits_r_from_miss_rates_at_each_fork_count():
     p = FanoutPolicy(3, 12, min_lookups=10)
-    assert p.exponent() == 1.0   # the prior until enough lookups
+    assert p.exponent() == R_PRIOR   # the prior until enough lookups
     rng = np.random.default_rng(0)
     for _ in range(3000):
         f = int(rng.choice([2, 4]))
         p.observe_lookup(f, rng.random() >= f ** -0.5)   # miss(F) = F^-0.5
     assert p.exponent() == pytest.approx(0.5, abs=0.12)
-    assert p.fanout(0.6) == geometric_fanout(3, 12, 0.6, p.exponent())
+    assert p.fanout() == outcome_fanout(12, outcome_probabilities(p.acceptance()), p.exponent())
 
 
 def test_policy_cuts_the_budget_while_late_and_gives_it_back():
@@ -132,13 +178,56 @@ def test_policy_cuts_the_budget_while_late_and_gives_it_back():
     assert p.budget == 4                       # never below one fork per position (K + 1)
     for _ in range(30):
         p.observe_late(False)
-    assert p.budget == 7                       # one back per window in time
+    assert p.budget == 7                       # with no times measured, an eighth (at least one) back per window
     for _ in range(300):
         p.observe_late(False)
     assert p.budget == 16                      # never above the draft's own
     for _ in range(10):
         p.observe_late(_ % 10 == 0)            # 10%: between the thresholds, unchanged
     assert p.budget == 16
+
+
+def _window(p, draft_s, verify_s, late=False):
+    for _ in range(p.window):
+        p.observe_draft(draft_s)
+        p.observe_verify(verify_s)
+        p.observe_late(late)
+
+
+def test_policy_sizes_the_budget_so_the_drafts_round_fits_in_the_verify():
+    """A draft whose round costs 2 ms plus 1 ms a fork, against a 50 ms verify: with 80% headroom the budget
+    settles at (40 - 2) / 1 = 38 forks, from above and from below; it follows the verify when that changes."""
+    p = FanoutPolicy(3, 64, window=8)
+    for _ in range(6):
+        _window(p, 0.002 + 0.001 * p.budget, 0.05)
+    assert p.budget == 38
+    p.budget = 5
+    for _ in range(2):
+        _window(p, 0.002 + 0.001 * p.budget, 0.05)
+    assert p.budget == 20                      # at most twice per window
+    for _ in range(5):
+        _window(p, 0.002 + 0.001 * p.budget, 0.05)
+    assert p.budget == 38
+    for _ in range(5):                         # a slower target (a larger batch on it): up to the draft's own
+        _window(p, 0.002 + 0.001 * p.budget, 0.5)
+    assert p.budget == 64
+    _window(p, 0.002 + 0.001 * p.budget, 0.001)
+    assert p.budget == 16                      # a quarter per window at most
+    for _ in range(3):
+        _window(p, 0.002 + 0.001 * p.budget, 0.001)
+    assert p.budget == 4                       # one fork per position at least
+
+
+def test_lateness_overrides_the_time_it_measures():
+    p = FanoutPolicy(3, 64, window=10)
+    p.budget = 32
+    _window(p, 0.001, 0.05, late=True)         # the times say grow, but the entries came late: cut a quarter
+    assert p.budget == 24
+    for i in range(10):                        # 10% late: the times may not grow it
+        p.observe_draft(0.001)
+        p.observe_verify(0.05)
+        p.observe_late(i == 0)
+    assert p.budget == 24
 
 
 def test_policy_settings_are_checked():
@@ -148,4 +237,8 @@ def test_policy_settings_are_checked():
         FanoutPolicy(3, 8, r_prior=0)
     with pytest.raises(ValueError, match="late_low"):
         FanoutPolicy(3, 8, late_low=0.5, late_high=0.2)
+    with pytest.raises(ValueError, match="prior_acceptance"):
+        FanoutPolicy(3, 8, prior_acceptance=1.0)
+    with pytest.raises(ValueError, match="headroom"):
+        FanoutPolicy(3, 8, headroom=0)
     assert FanoutPolicy(3, 2).min_budget == 2   # a draft budget under K + 1 stays what it is
