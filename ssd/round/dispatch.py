@@ -44,7 +44,7 @@ class Dispatcher:
             items = [wire.VerifyItem(r.seq, r.round.tokens, r.round.proposal) for r in reqs]
             t.send(wire.Verify(batch_id, items, any(core.features.wanted(r) for r in reqs)))
         for d, items in rounds.items():
-            fanout = core.planner.round_fanout(d)
+            fanout = core.planner.round_fanout(d, len(items))
             for it in items:
                 core.active[it.seq].round.fanout = fanout or None
             for run in runs(items):

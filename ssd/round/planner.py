@@ -117,18 +117,19 @@ class SpeculationPlanner:
                 policy.observe_lookup(fan[j], reason is LookupReason.HIT)
 
     # ---- fan-out ----------------------------------------------------------------------------------
-    def round_fanout(self, draft) -> list[int]:
-        """The fan-out this round's DraftRound carries to `draft` (empty: its own)."""
+    def round_fanout(self, draft, sequences: int = 1) -> list[int]:
+        """The fan-out this round's DraftRound carries to `draft` for each of its `sequences` (empty: its own)."""
         if not (self.adaptive_fanout and self.k and draft.ready is not None and draft.ready.fanout):
             return []
         policy = self._fanout.get(draft)
         if policy is None:
             policy = self._fanout[draft] = FanoutPolicy(self.k, sum(draft.ready.fanout))
-        fanout = policy.fanout()
+        fanout = policy.fanout(sequences)
         if fanout != self._fanout_logged.get(draft):
             self._fanout_logged[draft] = fanout
-            log.debug("fan-out for draft %s: %s (budget %d of %d, r %.2f)", getattr(draft, "address", draft), fanout,
-                      policy.budget, policy.max_budget, policy.exponent())
+            log.debug("fan-out for draft %s: %s per sequence of %d (%d forks a round, at most %d a sequence, r %.2f)",
+                      getattr(draft, "address", draft), fanout, sequences, policy.budget, policy.max_budget,
+                      policy.exponent())
         return fanout
 
     def forget(self, draft) -> None:

@@ -207,13 +207,17 @@ class FanoutPolicy:
       rate at each fork count: ``observe_lookup(forks, hit)`` for an outcome the draft had published ``forks``
       candidates for. ``r_prior`` until some fork count above 1 has ``min_lookups`` observations (counts decay
       by ``decay`` per observation, so ``r`` follows the text).
-    * Budget: every ``window`` lookups of drafted rounds (``observe_late(late)``), a late fraction above
-      ``late_high`` takes a quarter off (at least one fork, down to K + 1: one fork per position). Otherwise the
-      budget is scaled so the draft's round takes ``headroom`` of the target's verify: by ``headroom /
-      (draft time / verify time)`` over the window (``observe_draft(s)`` per round the draft published,
-      ``observe_verify(s)`` per verify batch; at most x2 up, /4 down, never up while ``late_low`` or more of the
-      window was late). The draft's time grows with its forks, so this settles where the round fits. With no
-      times measured, a window under ``late_low`` late gives an eighth back (at least one fork).
+    * Budget: forks per draft round, shared by its sequences (``fanout(sequences)``: each gets an equal share,
+      between one fork per position and the draft's own ``max_budget``), since the draft's time follows their
+      sum: a batch that grows shrinks every share at once. Every ``window`` lookups of drafted rounds
+      (``observe_late(late)``), a late fraction above ``late_high`` takes a quarter off the forks the window's
+      rounds asked for. Otherwise they are scaled so the draft's round takes ``headroom`` of the target's
+      verify: by ``headroom / (draft time / verify time)`` over the window (``observe_draft(s)`` per round the
+      draft published, ``observe_verify(s)`` per verify batch; at most x2 up, /4 down, never up while
+      ``late_low`` or more of the window was late). The draft's time grows with its forks, so this settles where
+      the round fits. With no times measured, a window under ``late_low`` late gives an eighth back (at least
+      one fork). The budget stays within one fork per position and ``max_budget`` per sequence of the widest
+      round of the window.
     """
 
     def __init__(self, k: int, max_budget: int, r_prior: float = R_PRIOR, window: int = 32, late_high: float = 0.1,
@@ -231,7 +235,7 @@ class FanoutPolicy:
             raise ValueError(f"headroom must be > 0, got {headroom}")
         self.k, self.max_budget, self.r_prior = k, max_budget, r_prior
         self.min_budget = min(k + 1, max_budget)
-        self.budget = max_budget
+        self.budget = max_budget      # forks per draft round, over its sequences
         self.window, self.late_high, self.late_low = window, late_high, late_low
         self.decay, self.min_lookups = decay, min_lookups
         self.prior_acceptance, self.prior_strength, self.headroom = prior_acceptance, prior_strength, headroom
@@ -241,6 +245,7 @@ class FanoutPolicy:
         self._offered = [0.0] * k
         self._seen = self._late = 0
         self._draft_s, self._draft_n, self._verify_s, self._verify_n = 0.0, 0, 0.0, 0
+        self._asked = self._rounds = self._widest = 0   # this window: forks asked for, draft rounds, most sequences
 
     def observe_lookup(self, forks: int, hit: bool) -> None:
         for f in self._lookups:
@@ -276,18 +281,25 @@ class FanoutPolicy:
         if self._seen < self.window:
             return
         fraction = self._late / self._seen
+        used = self._asked / self._rounds if self._rounds else self.budget   # forks per draft round
         b = self.budget
         if fraction > self.late_high:
-            b -= max(1, b // 4)
+            b = used - max(1, used // 4)
         elif self._draft_n and self._verify_n and self._draft_s > 0 and self._verify_s > 0:
             ratio = (self._draft_s / self._draft_n) / (self._verify_s / self._verify_n)
-            scaled = min(2.0 * b, max(b / 4.0, b * self.headroom / ratio))
-            b = min(b, round(scaled)) if fraction >= self.late_low else round(scaled)
+            scaled = min(2.0 * used, max(used / 4.0, used * self.headroom / ratio))
+            b = min(used, scaled) if fraction >= self.late_low else scaled
         elif fraction < self.late_low:
-            b += max(1, b // 8)
-        self.budget = min(self.max_budget, max(self.min_budget, b))
+            b = used + max(1, used // 8)
+        ceiling = self.max_budget * max(1, self._widest) if self._rounds else max(self.budget, self.max_budget)
+        self.budget = min(ceiling, max(self.min_budget, round(b)))
         self._seen = self._late = 0
         self._draft_s, self._draft_n, self._verify_s, self._verify_n = 0.0, 0, 0.0, 0
+        self._asked = self._rounds = self._widest = 0
+
+    def per_sequence(self, sequences: int = 1) -> int:
+        """Each sequence's forks in a draft round of ``sequences``."""
+        return min(self.max_budget, max(self.min_budget, self.budget // max(1, sequences)))
 
     def exponent(self) -> float:
         """``r`` fitted to the fork counts with enough lookups, else the prior (also when the fit is not > 0)."""
@@ -302,5 +314,10 @@ class FanoutPolicy:
         s, a0 = self.prior_strength, self.prior_acceptance
         return [(acc + a0 * s) / (off + s) for acc, off in zip(self._accepted, self._offered)]
 
-    def fanout(self) -> list[int]:
-        return outcome_fanout(self.budget, outcome_probabilities(self.acceptance()), self.exponent())
+    def fanout(self, sequences: int = 1) -> list[int]:
+        """The fan-out of each sequence of a draft round of ``sequences`` (counted toward the window)."""
+        per = self.per_sequence(sequences)
+        self._asked += per * max(1, sequences)
+        self._rounds += 1
+        self._widest = max(self._widest, sequences)
+        return outcome_fanout(per, outcome_probabilities(self.acceptance()), self.exponent())

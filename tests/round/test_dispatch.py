@@ -266,6 +266,29 @@ def test_each_draft_round_carries_the_online_fanout_and_lookups_feed_it(adaptive
         core.shutdown("the test is over")
 
 
+def test_sequences_drafted_together_share_the_drafts_budget():
+    """Two ssd sequences in one DraftRound: each gets half of the policy's forks a round (at least one a position),
+    where one alone gets all of them."""
+    rig = make_sd_rig("ssd", adaptive=True, adaptive_fanout=True)
+    core = rig.core
+    try:
+        reqs = [core.submit(f"b{i}", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd") for i in range(2)]
+        core.take_new()
+        rig.take(wire.Prefill)
+        core.on_message(rig.target, wire.Prefilled([(r.seq, 9) for r in reqs], 0.01, []))
+        core.dispatch()
+        for jit in rig.take(wire.Jit):
+            jit_answer(rig, jit)
+        core.dispatch()
+        (draft_round,) = rig.take(wire.DraftRound)
+        policy = core.planner._fanout[rig.drafts[0]]
+        assert len(draft_round.items) == 2 and policy.budget == 5   # the fakes' draft: [2, 1, 1, 1], K = 3
+        assert sum(draft_round.fanout) == 4                         # max(5 // 2, one fork per position)
+        assert sum(policy.fanout(1)) == 5
+    finally:
+        core.shutdown("the test is over")
+
+
 def test_a_requests_time_splits_into_queue_prefill_and_decode_as_the_metrics_report():
     """Arrival -> admission (queue) -> first token (prefill) -> end (decode), on the core's clock; a request that
     never got in reports no queue time."""
