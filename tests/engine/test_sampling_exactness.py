@@ -158,7 +158,8 @@ def test_top_p_target_with_speculation(models):
 class WrongQDraft(DraftWorker):
     """Draws from the Saguaro-reshaped q but ships the q before reshaping: verification is then biased."""
 
-    def _propose(self, logits, seqs):
+    def _propose(self, hidden, seqs):
+        logits = self.model.logits(hidden)
         p = seqs[0].params
         q = proposal_probs(logits, p.temperature, p.top_k, p.saguaro_c, p.saguaro_f)
         tokens = torch.multinomial(q, 1, generator=seqs[0].generator).squeeze(1).tolist()
