@@ -172,3 +172,23 @@ def test_glue_after_a_hit_reads_the_branch_that_made_the_speculation(pair):
     calls.clear()
     w.speculate([(0, [7, 8, 9])])
     assert len(calls) == 1 + 3 + 3
+
+
+def test_sampled_ssd_with_a_feature_draft_follows_the_targets_distribution(tmp_path):
+    """Temperature 1 through SSD with a feature draft (its glue reading the chain outputs it kept, its forks and
+    branches drawn from q, cache hits): 4-token outputs follow the target's exactly computed distribution."""
+    from tests.engine.test_sampling_exactness import PARAMS, PROMPT, chi_square_p, exact_ar, tiny
+
+    target = tiny(tmp_path / "t", 0)
+    torch.manual_seed(3)
+    draft = init_from_target(target, torch.arange(target.cfg.vocab_size), feature_rms=3.0)
+    with torch.no_grad():
+        draft.fc_weight.add_(torch.randn_like(draft.fc_weight) * 0.3)
+    engine = SpeculativeEngine(target, draft.eval().requires_grad_(False),
+                               SpecConfig(mode="ssd", k=2, budget=6, draft_top_k=0), max_batch=512, max_len=32)
+    n = 8000
+    seqs = engine.generate([PROMPT] * n, [SamplingParams(seed=i, **PARAMS) for i in range(n)])
+    assert chi_square_p([tuple(s.output) for s in seqs], exact_ar(target, SamplingParams(**PARAMS))) > 1e-3
+    stats = engine.stats
+    assert 0 < stats.acceptance_rate < 1 and stats.cache.get("hit", 0) > 0
+    assert engine.draft.stepwise_glues == 0   # every speculation was the draft's own: the one-forward glue
