@@ -8,13 +8,8 @@
 #   bash bench/gpu_check.sh [extra args for bench/gpu_check.py]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [[ -n "${PYTHON:-}" ]]; then PY=$PYTHON
-elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
-else PY=$(command -v python3 || command -v python); fi
-if ! "$PY" -c "import torch" 2>/dev/null; then
-    echo "gpu_check: $PY cannot import torch; set PYTHON to an interpreter with torch (or run make setup)" >&2
-    exit 1
-fi
+source bench/gpu/python.sh
+pick_python gpu_check
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_check: no CUDA device visible to $PY (torch $("$PY" -c 'import torch; print(torch.__version__)')): nothing to check, exit 0"
     exit 0

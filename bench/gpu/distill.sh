@@ -12,13 +12,8 @@
 #   bash bench/gpu/distill.sh [extra args for bench/gpu/distill.py]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [[ -n "${PYTHON:-}" ]]; then PY=$PYTHON
-elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
-else PY=$(command -v python3 || command -v python); fi
-if ! "$PY" -c "import torch" 2>/dev/null; then
-    echo "gpu_distill: $PY cannot import torch; set PYTHON to an interpreter with torch (or run make setup)" >&2
-    exit 1
-fi
+source bench/gpu/python.sh
+pick_python gpu_distill
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 smoke=${SSD_GPU_DISTILL_SMOKE:-0}
 for arg in "$@"; do [[ $arg == --smoke ]] && smoke=1; done
