@@ -33,7 +33,7 @@ FIELDS = {
     "top_p": (st.sampled_from([0.0, 0.9, 1.0]), st.floats(width=32)),
     "min_p": (st.sampled_from([0.0, 0.1]), st.floats(width=32)),
     "top_k": (st.integers(0, 100), U32),
-    "max_tokens": (st.integers(1, 4), st.sampled_from([2049, 10**6, 2**32 - 1])),
+    "max_tokens": (st.integers(1, 4), st.sampled_from([8193, 10**6, 2**32 - 1])),
     "stop_token_ids": (st.lists(st.integers(0, 40_000), max_size=2), st.lists(U32, min_size=1, max_size=20)),
     "stop": (st.lists(st.text(min_size=1, max_size=4), max_size=2),
              st.lists(st.sampled_from(["", "x" * 300]) | _text, min_size=1, max_size=20)),
