@@ -4,7 +4,9 @@
 wrong"). `stream` / `astream` run it through the engine loop and yield `Delta`s (token ids, the text they add
 and, when asked, their logprobs) and one final `Final`. Stop strings are matched on the detokenized text, across token boundaries: text
 that could still be the start of a stop string is held back, so no part of a stop string is ever emitted; on a
-match the request is aborted in the engine (its KV freed everywhere) and ends with STOP_STRING.
+match the request is aborted in the engine (its KV freed everywhere) and ends with STOP_STRING. A request for
+several choices (`n`, `best_of`) runs through `services.router.choices`, one sequence per choice; `abort_id` ends
+all of them.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from ssd.params import FinishReason, SamplingParams, TokenLogprob, finish_reason
 from ssd.engine.stats import SpecStats
 from ssd.tokenizer import Tokenizer
 from ssd.round import RoundCore
+
+MAX_CHOICES = 16   # the largest n and best_of of one request
 
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -50,6 +54,8 @@ class GenerationRequest:
     skip: int = 0                                      # how many of them the client already has
     finished: FinishReason | None = None               # the journal's finish reason, if it has one
     epoch: int = 0                                     # the journal epoch this router holds (0: no journal)
+    n: int = 1                                         # choices to return
+    best_of: int = 1                                   # candidates to run (>= n): the best n are returned
 
 
 @dataclass(slots=True)
@@ -108,6 +114,7 @@ class Frontend:
     def __init__(self, core: RoundCore, tok: Tokenizer, limits: Limits | None = None):
         self.core, self.tok, self.limits = core, tok, limits or Limits()
         self.draining = False  # set on SIGTERM: no new requests (the APIs answer UNAVAILABLE / 503)
+        self.groups: dict = {}  # request id -> the running choices of a request of several (choices.Fanout)
 
     def build(self, *, text: str | None = None, token_ids: list[int] | None = None,
               messages: list[dict] | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -115,8 +122,13 @@ class Frontend:
               stop_token_ids=(), ignore_eos: bool = False, presence_penalty: float = 0.0,
               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logit_bias: dict | None = None,
               min_tokens: int = 0, logprobs: int | None = None, mode: str = "", k: int = 0, request_id: str = "",
-              timeout_s: float | None = None) -> GenerationRequest:
+              timeout_s: float | None = None, n: int = 1, best_of: int | None = None) -> GenerationRequest:
         lim = self.limits
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
+            raise ValueError(f"n: must be an integer in 1..{MAX_CHOICES}, got {n!r}")
+        best_of = n if best_of is None else best_of
+        if not isinstance(best_of, int) or isinstance(best_of, bool) or not n <= best_of <= MAX_CHOICES:
+            raise ValueError(f"best_of: must be an integer in n..{MAX_CHOICES} (n = {n}), got {best_of!r}")
         if not isinstance(request_id, str) or len(request_id) > lim.max_request_id_chars:
             raise ValueError(f"request_id: at most {lim.max_request_id_chars} characters")
         given = [x is not None for x in (text, token_ids, messages)]
@@ -161,7 +173,8 @@ class Frontend:
         except ValueError as e:
             raise ValueError(re.sub(r"^SamplingParams\.(\w+) ", r"\1: ", str(e))) from None
         deadline = time.monotonic() + timeout_s if timeout_s is not None else None
-        return GenerationRequest(request_id or uuid.uuid4().hex, ids, params, stop, mode, k, deadline)
+        return GenerationRequest(request_id or uuid.uuid4().hex, ids, params, stop, mode, k, deadline, n=n,
+                                 best_of=best_of)
 
     def tokenize(self, *, text: str | None = None, messages: list[dict] | None = None,
                  add_special_tokens: bool = False, add_generation_prompt: bool = True) -> list[int]:
@@ -204,6 +217,14 @@ class Frontend:
             raise ValueError(f"max_tokens: {max_tokens} tokens asked for, but the context holds {max_len} tokens "
                              f"and the prompt takes {prompt_tokens}: at most {room} can follow")
         return max_tokens
+
+    def abort_id(self, rid: str) -> bool:
+        """Abort a running request by its id, every choice of it; False when none runs."""
+        group = self.groups.get(rid)
+        if group is not None:
+            group.abort()
+            return True
+        return self.core.abort_id(rid)
 
     def detokenize(self, ids) -> str:
         """The text of token ids (special tokens included, as they are)."""

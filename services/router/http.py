@@ -1,13 +1,14 @@
 """The router's OpenAI-compatible HTTP API (aiohttp) over the shared `Frontend`; no torch here.
 
 `POST /v1/completions` and `/v1/chat/completions` take OpenAI's fields plus `top_k`, `min_p`, `ignore_eos`,
-`stop_token_ids` and `speculation: {mode, k}`; one prompt, one choice. Every other field is refused with a
-400 naming it unless given at the value that changes nothing (`openai_params.py`). `max_tokens` defaults to
-the rest of the context (the router's `--max-tokens-default` if set), `temperature` to 1.0. Responses add
-`ssd`: the request's speculation stats and its precise finish reason (OpenAI's `finish_reason` is "length" for
-LENGTH, else "stop"). `stream` sends Server-Sent Events: chunks, the last one with `finish_reason`, a usage
-chunk if `stream_options.include_usage`, then `data: [DONE]`; an engine error mid-stream is a
-`data: {"error": ...}` event. A client that disconnects cancels its handler, which aborts the request in the
+`stop_token_ids` and `speculation: {mode, k}`; one prompt, `n` choices (of `best_of` candidates on completions,
+`services/router/choices.py`). Every other field is refused with a 400 naming it unless given at the value that
+changes nothing (`openai_params.py`). `max_tokens` defaults to the rest of the context (the router's
+`--max-tokens-default` if set), `temperature` to 1.0. Responses add `ssd`: the request's speculation stats and its
+precise finish reason (OpenAI's `finish_reason` is "length" for LENGTH, else "stop"). `stream` sends Server-Sent
+Events: chunks (one choice each, interleaved as the choices' tokens arrive), each choice's last one with its
+`finish_reason`, a usage chunk if `stream_options.include_usage`, then `data: [DONE]`; an engine error mid-stream
+is a `data: {"error": ...}` event. A client that disconnects cancels its handler, which aborts the request in the
 engine. `GET /v1/models` and `/v1/models/{id}`; vLLM's `POST /tokenize`, `/detokenize` and `GET /version`;
 `/health` (503 until the workers are ready), `/metrics` (404 without a renderer). Errors, all mapped in one
 middleware, have OpenAI's shape `{"error": {message, type, param, code}}`: 400 bad JSON or field (`param` names
@@ -33,6 +34,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from services.router import choices
 from services.router.frontend import Final, Frontend
 from services.router.openai_params import STR, get, parse, parse_tokenize
 from services.router.openai_replies import Reply
@@ -187,38 +189,49 @@ class HttpServer:
             log.debug("request %s from user %r", rid, p.user)
         reply = Reply(chat, rid, self.model_name, int(time.time()),
                       self.frontend.tok if g.params.logprobs is not None else None)
-        items = self.frontend.astream(g)
+        items = choices.astream(self.frontend, g)
         async with contextlib.aclosing(items):   # leaving early (or being cancelled) aborts the request
-            item = await anext(items)            # submit's ValueError surfaces here, before any header is sent
+            index, item = await anext(items)     # submit's ValueError surfaces here, before any header is sent
             if isinstance(item, Final) and item.error is not None:
                 raise ApiError(503, item.error, kind="server_error")
             if p.stream:
-                return await self._sse(request, reply, item, items, p.include_usage)
-            text, logprobs = [], []
-            while not isinstance(item, Final):
-                text.append(item.text)
-                logprobs += item.logprobs or ()
-                item = await anext(items)
-            if item.error is not None:
-                raise ApiError(503, item.error, kind="server_error")
-            return web.json_response(reply.whole("".join(text) + item.text, item, logprobs))
+                return await self._sse(request, reply, g.n, (index, item), items, p.include_usage)
+            texts, logprobs, finals = [[] for _ in range(g.n)], [[] for _ in range(g.n)], [None] * g.n
+            while True:
+                if isinstance(item, Final) and item.error is not None:
+                    raise ApiError(503, item.error, kind="server_error")
+                texts[index].append(item.text)
+                if isinstance(item, Final):
+                    finals[index] = item
+                    if all(f is not None for f in finals):
+                        break
+                else:
+                    logprobs[index] += item.logprobs or ()
+                index, item = await anext(items)
+            return web.json_response(reply.whole([("".join(t), f, lp) for t, f, lp in zip(texts, finals, logprobs)]))
 
-    async def _sse(self, request: web.Request, reply: Reply, item, items, include_usage: bool):
+    async def _sse(self, request: web.Request, reply: Reply, n: int, first, items, include_usage: bool):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         try:
             if reply.chat:
-                await resp.write(_event(reply.chunk(role=True)))
-            while not isinstance(item, Final):
-                if item.text or item.logprobs:
-                    await resp.write(_event(reply.chunk(item.text, logprobs=item.logprobs or ())))
-                item = await anext(items)
-            if item.error is not None:
-                await resp.write(_event(error_body(item.error, kind="server_error")))
-            else:
-                await resp.write(_event(reply.chunk(item.text, item)))
-                if include_usage:
-                    await resp.write(_event(reply.usage_chunk(item)))
+                for i in range(n):
+                    await resp.write(_event(reply.chunk(role=True, index=i)))
+            (index, item), finals = first, {}
+            while True:
+                if isinstance(item, Final) and item.error is not None:
+                    await resp.write(_event(error_body(item.error, kind="server_error")))
+                    break
+                if isinstance(item, Final):
+                    await resp.write(_event(reply.chunk(item.text, item, index=index)))
+                    finals[index] = item
+                    if len(finals) == n:
+                        if include_usage:
+                            await resp.write(_event(reply.usage_chunk([finals[i] for i in range(n)])))
+                        break
+                elif item.text or item.logprobs:
+                    await resp.write(_event(reply.chunk(item.text, logprobs=item.logprobs or (), index=index)))
+                index, item = await anext(items)
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except ConnectionResetError:  # the client left; closing `items` aborts the request

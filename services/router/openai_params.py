@@ -1,7 +1,7 @@
 """OpenAI request bodies -> `Frontend.build` arguments, with nothing silently ignored.
 
 Every field of a body is one of three kinds: honoured (read below), accepted only at the value that changes
-nothing (`NO_OP`: `n` = 1, `echo` false, `response_format` text, ...), or refused with ValueError("field: ...")
+nothing (`NO_OP`: `echo` false, `response_format` text, ...), or refused with ValueError("field: ...")
 (HTTP 400 naming it): a field this server does not implement ("not supported by this server"), one of the
 other endpoint ("not a field of ..."), or one nobody defines ("unknown field"). JSON `null` is an unset field.
 The same holds inside `stream_options`, `speculation` and each chat message. No torch here.
@@ -20,11 +20,11 @@ WHAT = {NUMBER: "a number", INT: "an integer", BOOL: "a boolean", STR: "a string
 # read by `parse`, on both endpoints or on one
 HONOURED = frozenset({"model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                       "stop_token_ids", "ignore_eos", "max_tokens", "user", "speculation", "presence_penalty",
-                      "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "logprobs"})
+                      "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "logprobs", "n"})
 CHAT_ONLY = frozenset({"messages", "max_completion_tokens", "top_logprobs"})
-COMPLETION_ONLY = frozenset({"prompt"})
-# accepted at exactly these values, which change nothing
-NO_OP = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
+COMPLETION_ONLY = frozenset({"prompt", "best_of"})
+# accepted at exactly these values, which change nothing (best_of 1 on chat, as vLLM's chat accepts it)
+NO_OP = {"best_of": (1,), "echo": (False,), "suffix": ("",), "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
          "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",), "store": (False,),
          "service_tier": ("auto", "default"), "modalities": (["text"],), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
          "include_stop_str_in_output": (False,), "add_generation_prompt": (True,), "add_special_tokens": (False,),
@@ -117,6 +117,10 @@ def parse(body: dict, chat: bool) -> Parsed:
         prompt = _prompt(body.get("prompt"))
         max_tokens = get(body, "max_tokens", INT)
         logprobs = get(body, "logprobs", INT)
+    best_of = None if chat else get(body, "best_of", INT)
+    stream = get(body, "stream", BOOL, False)
+    if stream and best_of is not None and best_of > 1:
+        raise ValueError("best_of: cannot be used with stream (the best choices are known only at the end)")
     spec = get(body, "speculation", OBJECT, {})
     _check_object(spec, {name: None for name in SPECULATION}, "speculation")
     opts = get(body, "stream_options", OBJECT, {})
@@ -131,9 +135,10 @@ def parse(body: dict, chat: bool) -> Parsed:
                  frequency_penalty=get(body, "frequency_penalty", NUMBER, 0.0),
                  repetition_penalty=get(body, "repetition_penalty", NUMBER, 1.0),
                  logit_bias=_logit_bias(get(body, "logit_bias", OBJECT, {})),
-                 min_tokens=get(body, "min_tokens", INT, 0), logprobs=logprobs,
-                 mode=get(spec, "mode", STR, "", "speculation.mode"), k=get(spec, "k", INT, 0, "speculation.k"))
-    return Parsed(build, get(body, "stream", BOOL, False),
+                 min_tokens=get(body, "min_tokens", INT, 0), logprobs=logprobs, n=get(body, "n", INT, 1),
+                 best_of=best_of, mode=get(spec, "mode", STR, "", "speculation.mode"),
+                 k=get(spec, "k", INT, 0, "speculation.k"))
+    return Parsed(build, stream,
                   get(opts, "include_usage", BOOL, False, "stream_options.include_usage"), get(body, "user", STR))
 
 

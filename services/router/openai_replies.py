@@ -2,12 +2,16 @@
 speculation stats under `ssd` and, when asked, its tokens' logprobs in OpenAI's two shapes (chat:
 `{"content": [{token, logprob, bytes, top_logprobs}]}`; completions: `{tokens, token_logprobs, top_logprobs,
 text_offset}`). A token's text is its own decoding (a token that holds part of a UTF-8 character shows U+FFFD).
-No torch here.
+A request of several choices (`n`, `best_of`) has them as `choices[i]` with their `index`; usage counts the
+prompt once and the completion tokens of every returned choice; each choice of a whole response carries its own
+`ssd`, and the top-level `ssd` merges them (no finish reason there); a stream chunk holds one choice, and the
+last chunk of each carries that choice's `ssd`. No torch here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ssd.engine.stats import SpecStats
 from ssd.params import FinishReason, TokenLogprob
 from ssd.tokenizer import Tokenizer
 from services.router.frontend import Final
@@ -17,18 +21,29 @@ def _finish(f: Final) -> str:
     return "length" if f.reason is FinishReason.LENGTH else "stop"
 
 
-def _usage(f: Final) -> dict:
-    return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
-            "total_tokens": f.prompt_tokens + f.completion_tokens}
+def _usage(finals: list[Final]) -> dict:
+    prompt, completion = finals[0].prompt_tokens, sum(f.completion_tokens for f in finals)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _ssd(f: Final) -> dict:
-    st = f.stats
-    return {"finish_reason": f.reason.value, "mode": f.mode, "rounds": st.rounds,
-            "tokens_per_round": round(st.tokens_per_round, 4),
+    return {"finish_reason": f.reason.value, **_stats(f.mode, f.stats, f.ttft_s, f.total_s)}
+
+
+def _merged_ssd(finals: list[Final]) -> dict:
+    """The stats of several choices together (rounds, tokens and cache lookups summed; the first token's time)."""
+    st = SpecStats()
+    for f in finals:
+        st.merge(f.stats)
+    return {**_stats(finals[0].mode, st, min(f.ttft_s for f in finals), max(f.total_s for f in finals)),
+            "choices": len(finals)}
+
+
+def _stats(mode: str, st: SpecStats, ttft_s: float, total_s: float) -> dict:
+    return {"mode": mode, "rounds": st.rounds, "tokens_per_round": round(st.tokens_per_round, 4),
             "acceptance_per_position": [round(a, 4) for a in st.acceptance_per_position],
             "cache_hits": st.cache.get("hit", 0), "cache_misses": sum(v for k, v in st.cache.items() if k != "hit"),
-            "ttft_s": round(f.ttft_s, 6), "total_s": round(f.total_s, 6)}
+            "ttft_s": round(ttft_s, 6), "total_s": round(total_s, 6)}
 
 
 @dataclass(slots=True)
@@ -40,21 +55,27 @@ class Reply:
     model: str
     created: int
     tok: Tokenizer | None = None
-    offset: int = field(default=0, repr=False)   # completions' text_offset of the next token
+    offsets: dict[int, int] = field(default_factory=dict, repr=False)   # per choice: text_offset of its next token
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, f: Final, logprobs: list[TokenLogprob] = ()) -> dict:
-        choice = {"index": 0, "finish_reason": _finish(f), "logprobs": self.logprobs(logprobs)}
-        choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
-        return {**self._head(False), "choices": [choice], "usage": _usage(f), "ssd": _ssd(f)}
+    def whole(self, choices: list[tuple[str, Final, list[TokenLogprob]]]) -> dict:
+        """The response of (text, Final, logprobs) per choice, in index order."""
+        out = []
+        for i, (text, f, logprobs) in enumerate(choices):
+            choice = {"index": i, "finish_reason": _finish(f), "logprobs": self.logprobs(logprobs, i)}
+            choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+            out.append(choice | ({"ssd": _ssd(f)} if len(choices) > 1 else {}))
+        finals = [f for _, f, _ in choices]
+        return {**self._head(False), "choices": out, "usage": _usage(finals),
+                "ssd": _ssd(finals[0]) if len(finals) == 1 else _merged_ssd(finals)}
 
     def chunk(self, text: str = "", f: Final | None = None, role: bool = False,
-              logprobs: list[TokenLogprob] = ()) -> dict:
-        choice = {"index": 0, "finish_reason": _finish(f) if f else None,
-                  "logprobs": self.logprobs(logprobs) if logprobs else None}
+              logprobs: list[TokenLogprob] = (), index: int = 0) -> dict:
+        choice = {"index": index, "finish_reason": _finish(f) if f else None,
+                  "logprobs": self.logprobs(logprobs, index) if logprobs else None}
         if self.chat:
             choice["delta"] = {"role": "assistant", "content": ""} if role else \
                 {"content": text} if text or logprobs else {}
@@ -63,11 +84,11 @@ class Reply:
         out = {**self._head(True), "choices": [choice]}
         return {**out, "ssd": _ssd(f)} if f else out
 
-    def usage_chunk(self, f: Final) -> dict:
-        return {**self._head(True), "choices": [], "usage": _usage(f)}
+    def usage_chunk(self, finals: list[Final]) -> dict:
+        return {**self._head(True), "choices": [], "usage": _usage(finals)}
 
-    def logprobs(self, logprobs: list[TokenLogprob]) -> dict | None:
-        """OpenAI's logprobs object of these tokens (None when the request asked for none)."""
+    def logprobs(self, logprobs: list[TokenLogprob], index: int = 0) -> dict | None:
+        """OpenAI's logprobs object of these tokens of choice `index` (None when the request asked for none)."""
         if self.tok is None:
             return None
         text = self._text
@@ -78,10 +99,11 @@ class Reply:
             return {"content": [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
                                 for lp in logprobs]}
         tokens = [text(lp.token) for lp in logprobs]
-        offsets = []
+        offsets, at = [], self.offsets.get(index, 0)
         for s in tokens:
-            offsets.append(self.offset)
-            self.offset += len(s)
+            offsets.append(at)
+            at += len(s)
+        self.offsets[index] = at
         return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
                 "top_logprobs": [{text(t): v for t, v in lp.top} for lp in logprobs], "text_offset": offsets}
 

@@ -5,7 +5,9 @@ of that request back as `GenerateResponse`s. Invalid requests raise ValueError, 
 interceptor turns into INVALID_ARGUMENT with the message. A cancelled stream aborts the request everywhere.
 With request state on, a request is journaled before it runs and its tokens before the client gets them
 (write-ahead), and a `resume_from` request claims the journaled one (see docs/architecture.md, "Request
-state"). `ApiKeyInterceptor` refuses Generation calls without a valid API key.
+state"). A request for several choices (`n`, `best_of`: `services/router/choices.py`) streams each response with
+its choice's `index`, each choice ending with its own last response; it is not journaled, and cannot be resumed.
+`ApiKeyInterceptor` refuses Generation calls without a valid API key.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from services.router import choices
 from services.router.auth import ApiKeys
 from services.router.frontend import Delta, Frontend
 from services.router.journal import Fenced, JournalUnavailable, RequestJournal, fingerprint
@@ -46,7 +49,8 @@ def request_fields(request) -> dict:
                 presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
                 repetition_penalty=s.repetition_penalty or 1.0, logit_bias=dict(s.logit_bias),
                 min_tokens=request.min_tokens, logprobs=request.logprobs if request.HasField("logprobs") else None,
-                mode="ar" if spec.off else spec.mode, k=spec.k, request_id=request.request_id)
+                mode="ar" if spec.off else spec.mode, k=spec.k, request_id=request.request_id, n=request.n or 1,
+                best_of=request.best_of or None)
 
 
 def logprobs_pb(logprobs) -> list[pb.TokenLogprob]:
@@ -108,6 +112,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     def _start(self, request, context, timeout: float | None):
         """The request to run: a resumed one from the journal, or a new one (journaled when state is on)."""
         j = self.journal
+        if (request.n > 1 or request.best_of > 1) and request.resume_from > 0:
+            raise ValueError("resume_from: a request of several choices (n or best_of > 1) cannot be resumed")
         if request.HasField("resume_from"):
             rid = request.request_id
             if not rid:
@@ -131,7 +137,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                          len(record.tokens), record.epoch)
                 return self.frontend.resumed(record, request.resume_from, timeout)
         g = self.frontend.build(**request_fields(request), timeout_s=timeout)
-        if j is not None:
+        if j is not None and g.best_of == 1:
             g.epoch = j.begin(g.request_id, g.prompt, Frontend.journal_params(g), request_fingerprint(request))
         return g
 
@@ -150,10 +156,11 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
         def on_start(req):
             running.append(req)
-            context.add_callback(lambda: self.core.abort(req))
+            if not context.add_callback(lambda: self.core.abort(req)):   # the call ended already
+                self.core.abort(req)
 
         j = self.journal if g.epoch else None
-        for item in self.frontend.stream(g, on_start):
+        for index, item in choices.stream(self.frontend, g, on_start):
             if isinstance(item, Delta):
                 if j is not None and item.token_ids and not item.journaled:
                     try:  # write-ahead: the journal has every token before the client does
@@ -164,7 +171,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                         context.abort(grpc.StatusCode.ABORTED if isinstance(e, Fenced) else
                                       grpc.StatusCode.UNAVAILABLE, str(e))
                 yield pb.GenerateResponse(request_id=g.request_id, token_ids=item.token_ids, text=item.text,
-                                          logprobs=logprobs_pb(item.logprobs))
+                                          logprobs=logprobs_pb(item.logprobs), index=index)
                 continue
             if item.error is not None:
                 context.abort(grpc.StatusCode.UNAVAILABLE, item.error)
@@ -176,10 +183,11 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             yield pb.GenerateResponse(
                 request_id=g.request_id, text=item.text, finish_reason=FINISH[item.reason],
                 usage=pb.Usage(prompt_tokens=item.prompt_tokens, completion_tokens=item.completion_tokens),
-                stats=stats_pb(item.stats, item.mode), time_to_first_token_s=item.ttft_s, total_time_s=item.total_s)
+                stats=stats_pb(item.stats, item.mode), time_to_first_token_s=item.ttft_s, total_time_s=item.total_s,
+                index=index)
 
     def Abort(self, request, context):
-        return pb.AbortResponse(found=self.core.abort_id(request.request_id))
+        return pb.AbortResponse(found=self.frontend.abort_id(request.request_id))
 
     def GetModelInfo(self, request, context):
         t = self.core.pool.target.ready if self.core.pool.target is not None else None

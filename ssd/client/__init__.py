@@ -5,6 +5,9 @@ Contract (one surface; AsyncClient's methods are awaited and its stream is `asyn
   then exactly one `Result`. Also `abort(request_id) -> bool`, `model_info()`, `server_info()`, `close()`,
   `with` / `async with`. Options are the GenerateRequest fields (see `build_request`) plus `timeout`: the
   call's gRPC deadline in seconds (default: the client's), spanning all of its retries.
+- Several choices: `n=` (and `best_of=`) makes `generate` return a list of n Results (index order) and `stream`
+  yield every choice's Deltas interleaved, each with its `index`, then one Result per choice. Such a stream is
+  retried only before its first response (it cannot be resumed).
 - UNAVAILABLE is retried (exponential backoff with jitter) without ever duplicating output: the unary RPCs
   are retried as they are; a Generate stream is retried as a *resumption* (`resume_from` = the tokens already
   received, with the request_id the SDK gave the request), so a router that dies mid-stream costs nothing:

@@ -10,7 +10,7 @@ import grpc
 
 from ssd.client.base import ClientBase, Resumption
 from ssd.client.request import build_request
-from ssd.client.results import Delta, Result
+from ssd.client.results import Delta, Result, Results
 from ssd.pb import generation_pb2 as pb
 
 
@@ -28,12 +28,13 @@ class AsyncClient(ClientBase):
             await asyncio.sleep(delay)
 
     def stream(self, prompt=None, *, timeout: float | None = None, **options) -> AsyncIterator[Delta | Result]:
-        """`async for` yields a Delta per streamed piece, then the final Result."""
+        """`async for` yields a Delta per streamed piece, then the final Result (with n > 1: Deltas of every choice,
+        each with its `index`, then one Result per choice in index order)."""
         return self._stream(build_request(prompt, **options), timeout)
 
     async def _stream(self, request: pb.GenerateRequest, timeout: float | None) -> AsyncIterator[Delta | Result]:
         deadline, request = self._deadline(timeout), self._prepare(request)
-        result = Result()
+        result = Results(max(1, request.n))
         retry = Resumption(self, request, result, deadline)
         while True:
             progressed = False
@@ -49,13 +50,13 @@ class AsyncClient(ClientBase):
             finally:
                 call.cancel()
             await asyncio.sleep(delay)
-        yield result.finished()
+        for r in result.finished():
+            yield r
 
-    async def generate(self, prompt=None, **options) -> Result:
-        item = None
-        async for item in self.stream(prompt, **options):
-            pass
-        return item
+    async def generate(self, prompt=None, **options) -> Result | list[Result]:
+        """The finished Result; with `n` given, the list of its n Results (index order)."""
+        results = [item async for item in self.stream(prompt, **options) if isinstance(item, Result)]
+        return results if options.get("n") is not None else results[0]
 
     async def abort(self, request_id: str, *, timeout: float | None = None) -> bool:
         return (await self._unary(lambda stub: stub.Abort, pb.AbortRequest(request_id=request_id), timeout)).found

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 from ssd.client.errors import SSDError, UnavailableError, to_error
-from ssd.client.results import Result
+from ssd.client.results import Results
 from ssd.pb import generation_pb2 as pb
 from ssd.pb import generation_pb2_grpc as pb_grpc
 
@@ -78,7 +78,7 @@ class ClientBase:
             request.request_id = uuid.uuid4().hex
         return request
 
-    def _resume_error(self, e: grpc.RpcError, broken: SSDError | None, result: Result):
+    def _resume_error(self, e: grpc.RpcError, broken: SSDError | None, result: Results):
         """After a failed resumption: the error to raise, or None to go on retrying."""
         err = to_error(e)
         if broken is not None and err.code in ("FAILED_PRECONDITION", "NOT_FOUND"):
@@ -90,10 +90,11 @@ class ClientBase:
 
 @dataclass(slots=True)
 class Resumption:
-    """Retry bookkeeping of one stream: consecutive failures, resumptions, and the failure that broke it."""
+    """Retry bookkeeping of one stream: consecutive failures, resumptions, and the failure that broke it. A stream
+    of several choices (n or best_of > 1) is not resumable: it is retried only before its first response."""
     client: ClientBase
     request: pb.GenerateRequest
-    result: Result
+    result: Results
     deadline: float | None
     broken: SSDError | None = None
     attempt: int = 0
@@ -102,6 +103,14 @@ class Resumption:
     def after(self, e: grpc.RpcError, progressed: bool) -> float:
         """Seconds to wait before resuming after `e` (the request now asks to resume), or raises."""
         c = self.client
+        if self.request.n > 1 or self.request.best_of > 1:
+            if progressed:
+                err = to_error(e)
+                raise UnavailableError(err.code, f"{err.details}; the stream of a request of several choices "
+                                                 f"broke and cannot be resumed") from e
+            delay = c._backoff(e, self.attempt, self.deadline)
+            self.attempt += 1
+            return delay
         if (err := c._resume_error(e, self.broken, self.result)) is not None:
             raise err from e
         if progressed:

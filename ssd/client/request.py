@@ -38,14 +38,20 @@ def build_request(prompt: str | list[int] | list[dict] | None = None, *, chat: b
                   mode: str = "", k: int = 0, speculation_off: bool = False, presence_penalty: float = 0.0,
                   frequency_penalty: float = 0.0, repetition_penalty: float = 0.0,
                   logit_bias: dict[int, float] | None = None, min_tokens: int = 0,
-                  logprobs: int | None = None) -> pb.GenerateRequest:
+                  logprobs: int | None = None, n: int | None = None,
+                  best_of: int | None = None) -> pb.GenerateRequest:
     """The GenerateRequest for a prompt and options. The prompt is raw text (one user chat message when
     chat=True), token ids, or chat messages ({"role", "content"} dicts), which `messages=` may give instead.
     Penalties and biases (`repetition_penalty` 0 = off, like 1) are the target's, applied at every position.
-    `logprobs` = N: each token's log-probability and its N most probable alternatives (None: none)."""
+    `logprobs` = N: each token's log-probability and its N most probable alternatives (None: none).
+    `n` choices (1..16; each its own sequence, choice i seeded with seed + i), the best n of `best_of` candidates
+    by cumulative logprob (n..16)."""
+    for name, value, low in (("n", n, 1), ("best_of", best_of, max(1, n or 1))):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 16):
+            raise InvalidRequestError("INVALID_ARGUMENT", f"{name}: must be an integer in {low}..16, got {value!r}")
     req = _fill(pb.GenerateRequest(), "", max_tokens=max_tokens, ignore_eos=ignore_eos, request_id=request_id,
                 stop_token_ids=list(stop_token_ids), stop=[stop] if isinstance(stop, str) else list(stop),
-                min_tokens=min_tokens, logprobs=logprobs)
+                min_tokens=min_tokens, logprobs=logprobs, n=n, best_of=best_of)
     _fill(req.sampling, "sampling.", temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
           presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
           repetition_penalty=repetition_penalty, logit_bias=dict(logit_bias or {}))

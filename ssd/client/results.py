@@ -1,5 +1,6 @@
 """What a stream yields: `Delta` (tokens committed since the previous one, with their text) and the final
-`Result`, which folds the streamed `GenerateResponse`s in."""
+`Result`, which folds the streamed `GenerateResponse`s in; with several choices (`n`), each Delta and Result
+carries its choice's `index` and `Results` keeps one Result per choice."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,10 +14,12 @@ FINISH_NAMES = {v.number: v.name.removeprefix("FINISH_REASON_").lower()
 
 @dataclass(slots=True)
 class Delta:
-    """Tokens committed since the previous delta, the text they add and, when asked, their logprobs."""
+    """Tokens committed since the previous delta, the text they add and, when asked, their logprobs; `index`:
+    the choice they belong to (0 unless the request asked for n > 1)."""
     token_ids: list[int]
     text: str
     logprobs: list[pb.TokenLogprob] = field(default_factory=list)
+    index: int = 0
 
 
 @dataclass(slots=True)
@@ -33,6 +36,7 @@ class Result:
     deltas: list[Delta] = field(default_factory=list)
     request_id: str = ""
     logprobs: list[pb.TokenLogprob] = field(default_factory=list)   # one per token id, when asked
+    index: int = 0                                                  # the choice (0..n-1)
 
     @property
     def usage(self) -> pb.Usage:
@@ -48,7 +52,7 @@ class Result:
             self.time_to_first_token_s, self.total_time_s = resp.time_to_first_token_s, resp.total_time_s
         if not (resp.token_ids or resp.text):
             return None
-        delta = Delta(list(resp.token_ids), resp.text, list(resp.logprobs))
+        delta = Delta(list(resp.token_ids), resp.text, list(resp.logprobs), resp.index)
         self.deltas.append(delta)
         self.token_ids += delta.token_ids
         self.text += delta.text
@@ -59,3 +63,23 @@ class Result:
         if not self.finish_reason:
             raise SSDError("INTERNAL", "the stream ended without its final response")
         return self
+
+
+class Results:
+    """The Results of one stream, one per choice: responses are folded into the Result of their `index`."""
+
+    def __init__(self, n: int):
+        self.items = [Result(index=i) for i in range(n)]
+
+    def add(self, resp: pb.GenerateResponse) -> Delta | None:
+        if resp.index >= len(self.items):
+            raise SSDError("INTERNAL", f"a response for choice {resp.index} of a request for {len(self.items)}")
+        return self.items[resp.index].add(resp)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens received so far (of the only choice: what a resumption starts after)."""
+        return self.items[0].token_ids
+
+    def finished(self) -> list[Result]:
+        return [r.finished() for r in self.items]

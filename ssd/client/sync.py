@@ -9,7 +9,7 @@ import grpc
 
 from ssd.client.base import ClientBase, Resumption
 from ssd.client.request import build_request
-from ssd.client.results import Delta, Result
+from ssd.client.results import Delta, Result, Results
 from ssd.pb import generation_pb2 as pb
 
 
@@ -26,12 +26,13 @@ class Client(ClientBase):
             time.sleep(delay)
 
     def stream(self, prompt=None, *, timeout: float | None = None, **options) -> Iterator[Delta | Result]:
-        """Yields a Delta per streamed piece, then the final Result. A bad request raises here, before sending."""
+        """Yields a Delta per streamed piece, then the final Result (with n > 1: Deltas of every choice, each with
+        its `index`, then one Result per choice in index order). A bad request raises here, before sending."""
         return self._stream(build_request(prompt, **options), timeout)
 
     def _stream(self, request: pb.GenerateRequest, timeout: float | None) -> Iterator[Delta | Result]:
         deadline, request = self._deadline(timeout), self._prepare(request)
-        result = Result()
+        result = Results(max(1, request.n))
         retry = Resumption(self, request, result, deadline)
         while True:
             progressed = False
@@ -47,13 +48,12 @@ class Client(ClientBase):
             finally:
                 call.cancel()
             time.sleep(delay)
-        yield result.finished()
+        yield from result.finished()
 
-    def generate(self, prompt=None, **options) -> Result:
-        item = None
-        for item in self.stream(prompt, **options):
-            pass
-        return item
+    def generate(self, prompt=None, **options) -> Result | list[Result]:
+        """The finished Result; with `n` given, the list of its n Results (index order)."""
+        results = [item for item in self.stream(prompt, **options) if isinstance(item, Result)]
+        return results if options.get("n") is not None else results[0]
 
     def abort(self, request_id: str, *, timeout: float | None = None) -> bool:
         """True when the request was still running (or queued) and is now aborted."""

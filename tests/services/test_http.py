@@ -118,7 +118,7 @@ def test_invalid_json_is_400_in_openai_shape(served):
 @pytest.mark.parametrize("fields, param", [
     ({"temperature": "hot"}, "temperature"), ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": ""}, "prompt"),
-    ({"n": 2}, "n"), ({"stop": [1]}, "stop"), ({"stream": "yes"}, "stream"), ({"logprobs": 30}, "logprobs"),
+    ({"n": 17}, "n"), ({"stop": [1]}, "stop"), ({"stream": "yes"}, "stream"), ({"logprobs": 30}, "logprobs"),
     ({"speculation": {"mode": "fast"}}, "speculation.mode"), ({"speculation": {"k": "x"}}, "speculation.k"),
 ])
 def test_a_bad_field_is_400_naming_it(served, fields, param):

@@ -39,7 +39,9 @@ REFUSED = [  # (endpoint body, extra fields, the param the 400 names)
     (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
     (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     (CHAT, {"tool_choice": "required"}, "tool_choice"),
-    (CHAT, {"n": 2}, "n"),
+    (CHAT, {"n": 0}, "n"),
+    (CHAT, {"n": 17}, "n"),
+    (CHAT, {"best_of": 2}, "best_of"),                     # a completions field
     (CHAT, {"temprature": 0.5}, "temprature"),           # a typo is not silently dropped
     (CHAT, {"prompt": "Hi"}, "prompt"),
     (CHAT, {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
@@ -49,7 +51,8 @@ REFUSED = [  # (endpoint body, extra fields, the param the 400 names)
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}]},
      "messages[0].content"),
     (COMPLETION, {"echo": True}, "echo"),
-    (COMPLETION, {"best_of": 3}, "best_of"),
+    (COMPLETION, {"best_of": 3, "stream": True}, "best_of"),
+    (COMPLETION, {"n": 3, "best_of": 2}, "best_of"),
     (COMPLETION, {"suffix": "end"}, "suffix"),
     (COMPLETION, {"messages": []}, "messages"),
     (COMPLETION, {"include_stop_str_in_output": True}, "include_stop_str_in_output"),
