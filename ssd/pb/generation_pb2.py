@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ssd/v1/generation.proto\x12\x06ssd.v1\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"<\n\x14SpeculationOverrides\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\r\x12\x0b\n\x03off\x18\x03 \x01(\x08\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"5\n\x0c\x43hatMessages\x12%\n\x08messages\x18\x01 \x03(\x0b\x32\x13.ssd.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xa0\x02\n\x08Sampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x02\x12\x33\n\nlogit_bias\x18\t \x03(\x0b\x32\x1f.ssd.v1.Sampling.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seed\"\x93\x03\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12%\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x10.ssd.v1.TokenIdsH\x00\x12$\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x14.ssd.v1.ChatMessagesH\x00\x12\"\n\x08sampling\x18\x04 \x01(\x0b\x32\x10.ssd.v1.Sampling\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x31\n\x0bspeculation\x18\t \x01(\x0b\x32\x1c.ssd.v1.SpeculationOverrides\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x18\n\x0bresume_from\x18\x0b \x01(\rH\x01\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x0c \x01(\r\x12\x15\n\x08logprobs\x18\r \x01(\rH\x02\x88\x01\x01\x42\x08\n\x06promptB\x0e\n\x0c_resume_fromB\x0b\n\t_logprobs\"R\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x1f\n\x03top\x18\x03 \x03(\x0b\x32\x12.ssd.v1.TopLogprob\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\x95\x01\n\x10SpeculationStats\x12\x0e\n\x06rounds\x18\x01 \x01(\r\x12\x18\n\x10tokens_per_round\x18\x02 \x01(\x02\x12\x1f\n\x17\x61\x63\x63\x65ptance_per_position\x18\x03 \x03(\x02\x12\x12\n\ncache_hits\x18\x04 \x01(\r\x12\x14\n\x0c\x63\x61\x63he_misses\x18\x05 \x01(\r\x12\x0c\n\x04mode\x18\x06 \x01(\t\"\x98\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12+\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x14.ssd.v1.FinishReason\x12\x1c\n\x05usage\x18\x05 \x01(\x0b\x32\r.ssd.v1.Usage\x12\'\n\x05stats\x18\x06 \x01(\x0b\x32\x18.ssd.v1.SpeculationStats\x12\x1d\n\x15time_to_first_token_s\x18\x07 \x01(\x02\x12\x14\n\x0ctotal_time_s\x18\x08 \x01(\x02\x12&\n\x08logprobs\x18\t \x03(\x0b\x32\x14.ssd.v1.TokenLogprob\"\x12\n\x10ModelInfoRequest\"\xb5\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64raft_model_id\x18\x02 \x01(\t\x12\x16\n\x0etokenizer_hash\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x0f\n\x07max_len\x18\x05 \x01(\r\x12\x18\n\x10max_tokens_limit\x18\x06 \x01(\r\x12\x0c\n\x04mode\x18\x07 \x01(\t\x12\t\n\x01k\x18\x08 \x01(\r\x12\x0e\n\x06\x66\x61nout\x18\t \x03(\r\"\x13\n\x11ServerInfoRequest\"\xa0\x01\n\nServerInfo\x12\x17\n\x0f\x61\x63tive_requests\x18\x01 \x01(\r\x12\x17\n\x0fqueued_requests\x18\x02 \x01(\r\x12\x0f\n\x07targets\x18\x03 \x03(\t\x12\x0e\n\x06\x64rafts\x18\x04 \x03(\t\x12\x19\n\x11\x66inished_requests\x18\x05 \x01(\x04\x12$\n\x06totals\x18\x06 \x01(\x0b\x32\x14.ssd.v1.RouterTotals\"\xc8\x03\n\x0cRouterTotals\x12\x0e\n\x06rounds\x18\x01 \x01(\x04\x12\x14\n\x0cround_tokens\x18\x02 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x03(\x04\x12\x0f\n\x07offered\x18\x04 \x03(\x04\x12\x0f\n\x07reached\x18\x05 \x01(\x04\x12.\n\x05\x63\x61\x63he\x18\x06 \x03(\x0b\x32\x1f.ssd.v1.RouterTotals.CacheEntry\x12\x32\n\x07\x62\x61\x63kups\x18\x07 \x03(\x0b\x32!.ssd.v1.RouterTotals.BackupsEntry\x12\x16\n\x0everify_batches\x18\x08 \x01(\x04\x12\x17\n\x0ftarget_verify_s\x18\t \x01(\x01\x12\x1a\n\x12verify_roundtrip_s\x18\n \x01(\x01\x12\x14\n\x0c\x64raft_rounds\x18\x0b \x01(\x04\x12\x15\n\rdraft_round_s\x18\x0c \x01(\x01\x12\x13\n\x0bjit_batches\x18\r \x01(\x04\x12\r\n\x05jit_s\x18\x0e \x01(\x01\x1a,\n\nCacheEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a.\n\x0c\x42\x61\x63kupsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*\xe5\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x06\x12\x1c\n\x18\x46INISH_REASON_TIME_LIMIT\x10\x07\x32\x80\x02\n\nGeneration\x12?\n\x08Generate\x12\x17.ssd.v1.GenerateRequest\x1a\x18.ssd.v1.GenerateResponse0\x01\x12;\n\x0cGetModelInfo\x12\x18.ssd.v1.ModelInfoRequest\x1a\x11.ssd.v1.ModelInfo\x12>\n\rGetServerInfo\x12\x19.ssd.v1.ServerInfoRequest\x1a\x12.ssd.v1.ServerInfo\x12\x34\n\x05\x41\x62ort\x12\x14.ssd.v1.AbortRequest\x1a\x15.ssd.v1.AbortResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17ssd/v1/generation.proto\x12\x06ssd.v1\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"<\n\x14SpeculationOverrides\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\r\x12\x0b\n\x03off\x18\x03 \x01(\x08\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"5\n\x0c\x43hatMessages\x12%\n\x08messages\x18\x01 \x03(\x0b\x32\x13.ssd.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xb5\x02\n\x08Sampling\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x02\x12\x33\n\nlogit_bias\x18\t \x03(\x0b\x32\x1f.ssd.v1.Sampling.LogitBiasEntry\x12\x13\n\x0bseed_stream\x18\n \x01(\x08\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seed\"\xaf\x03\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12%\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x10.ssd.v1.TokenIdsH\x00\x12$\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x14.ssd.v1.ChatMessagesH\x00\x12\"\n\x08sampling\x18\x04 \x01(\x0b\x32\x10.ssd.v1.Sampling\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x31\n\x0bspeculation\x18\t \x01(\x0b\x32\x1c.ssd.v1.SpeculationOverrides\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x18\n\x0bresume_from\x18\x0b \x01(\rH\x01\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x0c \x01(\r\x12\x15\n\x08logprobs\x18\r \x01(\rH\x02\x88\x01\x01\x12\t\n\x01n\x18\x0e \x01(\r\x12\x0f\n\x07\x62\x65st_of\x18\x0f \x01(\rB\x08\n\x06promptB\x0e\n\x0c_resume_fromB\x0b\n\t_logprobs\"R\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x1f\n\x03top\x18\x03 \x03(\x0b\x32\x12.ssd.v1.TopLogprob\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\x95\x01\n\x10SpeculationStats\x12\x0e\n\x06rounds\x18\x01 \x01(\r\x12\x18\n\x10tokens_per_round\x18\x02 \x01(\x02\x12\x1f\n\x17\x61\x63\x63\x65ptance_per_position\x18\x03 \x03(\x02\x12\x12\n\ncache_hits\x18\x04 \x01(\r\x12\x14\n\x0c\x63\x61\x63he_misses\x18\x05 \x01(\r\x12\x0c\n\x04mode\x18\x06 \x01(\t\"\xa7\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12+\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x14.ssd.v1.FinishReason\x12\x1c\n\x05usage\x18\x05 \x01(\x0b\x32\r.ssd.v1.Usage\x12\'\n\x05stats\x18\x06 \x01(\x0b\x32\x18.ssd.v1.SpeculationStats\x12\x1d\n\x15time_to_first_token_s\x18\x07 \x01(\x02\x12\x14\n\x0ctotal_time_s\x18\x08 \x01(\x02\x12&\n\x08logprobs\x18\t \x03(\x0b\x32\x14.ssd.v1.TokenLogprob\x12\r\n\x05index\x18\n \x01(\r\"\x12\n\x10ModelInfoRequest\"\xb5\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64raft_model_id\x18\x02 \x01(\t\x12\x16\n\x0etokenizer_hash\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x0f\n\x07max_len\x18\x05 \x01(\r\x12\x18\n\x10max_tokens_limit\x18\x06 \x01(\r\x12\x0c\n\x04mode\x18\x07 \x01(\t\x12\t\n\x01k\x18\x08 \x01(\r\x12\x0e\n\x06\x66\x61nout\x18\t \x03(\r\"\x13\n\x11ServerInfoRequest\"\xa0\x01\n\nServerInfo\x12\x17\n\x0f\x61\x63tive_requests\x18\x01 \x01(\r\x12\x17\n\x0fqueued_requests\x18\x02 \x01(\r\x12\x0f\n\x07targets\x18\x03 \x03(\t\x12\x0e\n\x06\x64rafts\x18\x04 \x03(\t\x12\x19\n\x11\x66inished_requests\x18\x05 \x01(\x04\x12$\n\x06totals\x18\x06 \x01(\x0b\x32\x14.ssd.v1.RouterTotals\"\xc8\x03\n\x0cRouterTotals\x12\x0e\n\x06rounds\x18\x01 \x01(\x04\x12\x14\n\x0cround_tokens\x18\x02 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x03(\x04\x12\x0f\n\x07offered\x18\x04 \x03(\x04\x12\x0f\n\x07reached\x18\x05 \x01(\x04\x12.\n\x05\x63\x61\x63he\x18\x06 \x03(\x0b\x32\x1f.ssd.v1.RouterTotals.CacheEntry\x12\x32\n\x07\x62\x61\x63kups\x18\x07 \x03(\x0b\x32!.ssd.v1.RouterTotals.BackupsEntry\x12\x16\n\x0everify_batches\x18\x08 \x01(\x04\x12\x17\n\x0ftarget_verify_s\x18\t \x01(\x01\x12\x1a\n\x12verify_roundtrip_s\x18\n \x01(\x01\x12\x14\n\x0c\x64raft_rounds\x18\x0b \x01(\x04\x12\x15\n\rdraft_round_s\x18\x0c \x01(\x01\x12\x13\n\x0bjit_batches\x18\r \x01(\x04\x12\r\n\x05jit_s\x18\x0e \x01(\x01\x1a,\n\nCacheEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a.\n\x0c\x42\x61\x63kupsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01*\xe5\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x06\x12\x1c\n\x18\x46INISH_REASON_TIME_LIMIT\x10\x07\x32\x80\x02\n\nGeneration\x12?\n\x08Generate\x12\x17.ssd.v1.GenerateRequest\x1a\x18.ssd.v1.GenerateResponse0\x01\x12;\n\x0cGetModelInfo\x12\x18.ssd.v1.ModelInfoRequest\x1a\x11.ssd.v1.ModelInfo\x12>\n\rGetServerInfo\x12\x19.ssd.v1.ServerInfoRequest\x1a\x12.ssd.v1.ServerInfo\x12\x34\n\x05\x41\x62ort\x12\x14.ssd.v1.AbortRequest\x1a\x15.ssd.v1.AbortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,8 +37,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUTERTOTALS_CACHEENTRY']._serialized_options = b'8\001'
   _globals['_ROUTERTOTALS_BACKUPSENTRY']._loaded_options = None
   _globals['_ROUTERTOTALS_BACKUPSENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=2463
-  _globals['_FINISHREASON']._serialized_end=2692
+  _globals['_FINISHREASON']._serialized_start=2527
+  _globals['_FINISHREASON']._serialized_end=2756
   _globals['_ABORTREQUEST']._serialized_start=35
   _globals['_ABORTREQUEST']._serialized_end=69
   _globals['_ABORTRESPONSE']._serialized_start=71
@@ -52,35 +52,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIDS']._serialized_start=266
   _globals['_TOKENIDS']._serialized_end=289
   _globals['_SAMPLING']._serialized_start=292
-  _globals['_SAMPLING']._serialized_end=580
-  _globals['_SAMPLING_LOGITBIASENTRY']._serialized_start=523
-  _globals['_SAMPLING_LOGITBIASENTRY']._serialized_end=571
-  _globals['_GENERATEREQUEST']._serialized_start=583
-  _globals['_GENERATEREQUEST']._serialized_end=986
-  _globals['_TOKENLOGPROB']._serialized_start=988
-  _globals['_TOKENLOGPROB']._serialized_end=1070
-  _globals['_TOPLOGPROB']._serialized_start=1072
-  _globals['_TOPLOGPROB']._serialized_end=1119
-  _globals['_USAGE']._serialized_start=1121
-  _globals['_USAGE']._serialized_end=1178
-  _globals['_SPECULATIONSTATS']._serialized_start=1181
-  _globals['_SPECULATIONSTATS']._serialized_end=1330
-  _globals['_GENERATERESPONSE']._serialized_start=1333
-  _globals['_GENERATERESPONSE']._serialized_end=1613
-  _globals['_MODELINFOREQUEST']._serialized_start=1615
-  _globals['_MODELINFOREQUEST']._serialized_end=1633
-  _globals['_MODELINFO']._serialized_start=1636
-  _globals['_MODELINFO']._serialized_end=1817
-  _globals['_SERVERINFOREQUEST']._serialized_start=1819
-  _globals['_SERVERINFOREQUEST']._serialized_end=1838
-  _globals['_SERVERINFO']._serialized_start=1841
-  _globals['_SERVERINFO']._serialized_end=2001
-  _globals['_ROUTERTOTALS']._serialized_start=2004
-  _globals['_ROUTERTOTALS']._serialized_end=2460
-  _globals['_ROUTERTOTALS_CACHEENTRY']._serialized_start=2368
-  _globals['_ROUTERTOTALS_CACHEENTRY']._serialized_end=2412
-  _globals['_ROUTERTOTALS_BACKUPSENTRY']._serialized_start=2414
-  _globals['_ROUTERTOTALS_BACKUPSENTRY']._serialized_end=2460
-  _globals['_GENERATION']._serialized_start=2695
-  _globals['_GENERATION']._serialized_end=2951
+  _globals['_SAMPLING']._serialized_end=601
+  _globals['_SAMPLING_LOGITBIASENTRY']._serialized_start=544
+  _globals['_SAMPLING_LOGITBIASENTRY']._serialized_end=592
+  _globals['_GENERATEREQUEST']._serialized_start=604
+  _globals['_GENERATEREQUEST']._serialized_end=1035
+  _globals['_TOKENLOGPROB']._serialized_start=1037
+  _globals['_TOKENLOGPROB']._serialized_end=1119
+  _globals['_TOPLOGPROB']._serialized_start=1121
+  _globals['_TOPLOGPROB']._serialized_end=1168
+  _globals['_USAGE']._serialized_start=1170
+  _globals['_USAGE']._serialized_end=1227
+  _globals['_SPECULATIONSTATS']._serialized_start=1230
+  _globals['_SPECULATIONSTATS']._serialized_end=1379
+  _globals['_GENERATERESPONSE']._serialized_start=1382
+  _globals['_GENERATERESPONSE']._serialized_end=1677
+  _globals['_MODELINFOREQUEST']._serialized_start=1679
+  _globals['_MODELINFOREQUEST']._serialized_end=1697
+  _globals['_MODELINFO']._serialized_start=1700
+  _globals['_MODELINFO']._serialized_end=1881
+  _globals['_SERVERINFOREQUEST']._serialized_start=1883
+  _globals['_SERVERINFOREQUEST']._serialized_end=1902
+  _globals['_SERVERINFO']._serialized_start=1905
+  _globals['_SERVERINFO']._serialized_end=2065
+  _globals['_ROUTERTOTALS']._serialized_start=2068
+  _globals['_ROUTERTOTALS']._serialized_end=2524
+  _globals['_ROUTERTOTALS_CACHEENTRY']._serialized_start=2432
+  _globals['_ROUTERTOTALS_CACHEENTRY']._serialized_end=2476
+  _globals['_ROUTERTOTALS_BACKUPSENTRY']._serialized_start=2478
+  _globals['_ROUTERTOTALS_BACKUPSENTRY']._serialized_end=2524
+  _globals['_GENERATION']._serialized_start=2759
+  _globals['_GENERATION']._serialized_end=3015
 # @@protoc_insertion_point(module_scope)
