@@ -11,6 +11,11 @@ positive logit and multiplies a negative one by it for every token of the prompt
 `frequency_penalty` subtracts itself times a token's count in the output so far, `presence_penalty` itself once
 for every token in the output so far.
 
+Seeds (`seed`, `seed_stream`): a seeded sampled request by default draws every position's token from the seed and
+the position alone (`coupled`: the Gumbel-max rule of `ssd.sampling.coupled_tokens`, which draft and target share),
+so it returns the same tokens in every mode, at any K and load; `seed_stream` instead seeds one random stream per
+request (rejection sampling's draws, reproducible only for one mode and K).
+
 `logprobs` (None = off; N in 0..MAX_LOGPROBS) asks for each generated token's log-probability under the target
 (the log-softmax of its raw logits, before temperature, penalties or truncation, in float32) and its N most
 probable alternatives: a `TokenLogprob` per token.
@@ -53,6 +58,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias), sorted by id, each id once
     min_tokens: int = 0
     logprobs: int | None = None   # None: no logprobs; N: each token's and its N most probable alternatives'
+    seed_stream: bool = False     # a seed starts one random stream per request instead of keying each position
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
@@ -91,6 +97,8 @@ class SamplingParams:
         self.logit_bias = bias
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise bad("min_tokens", "an int >= 0")
+        if not isinstance(self.seed_stream, bool):
+            raise bad("seed_stream", "a bool")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise bad("logprobs", f"None or an int in 0..{MAX_LOGPROBS}")
         self.temperature = float(self.temperature)
@@ -109,6 +117,17 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def coupled(self) -> bool:
+        """Whether each position's token is the seed's and the position's Gumbel-max choice: a seeded sampled
+        request unless `seed_stream`. Its verification compares tokens, as greedy does (no proposal q)."""
+        return self.seed is not None and self.temperature != 0.0 and not self.seed_stream
+
+    @property
+    def needs_proposal(self) -> bool:
+        """Whether a speculation must carry the proposal q its tokens were drawn from (rejection sampling)."""
+        return self.temperature != 0.0 and not self.coupled
 
 
 def _logit_bias(value) -> tuple[tuple[int, float], ...] | None:

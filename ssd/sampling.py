@@ -34,10 +34,23 @@ Contract
   operations are elementwise, so a row's values do not depend on T.
 * ``token_logprobs(logits[T, V], tokens[T], n)``: each token's log-softmax
   (float32, of the logits as given) and the n most probable alternatives.
+* Position-keyed draws (a seeded request's default, ``SamplingParams.coupled``):
+  ``position_noise(seed, position, V)`` is a float64 vector of V independent
+  Exp(1) variables that depends on the seed and the position alone (a
+  splitmix64 mix of both seeds a fresh generator); ``coupled_tokens(probs[T, V],
+  seed, positions)`` picks row i's token as ``argmax_x probs[i, x] / E_i(x)``
+  over the support (the Gumbel-max trick in exponential form: exactly a draw
+  from the row), ties to the lower id. The token at a position is then a
+  function of that position's distribution, the seed and the position:
+  whoever computes the distribution (AR, a verify of any K, any batch) picks
+  the same token. A draft that picks with the same noise from its own q
+  proposes the target's token whenever both argmaxes agree (coupling), and a
+  verify accepts exactly the drafted tokens equal to the target's picks.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Sequence
 
 import torch
@@ -49,7 +62,9 @@ __all__ = [
     "SamplingParams",
     "is_stop",
     "make_generator",
+    "coupled_tokens",
     "penalize",
+    "position_noise",
     "probs_from_logits",
     "sample",
     "sample_sparse",
@@ -177,6 +192,37 @@ def token_logprobs(logits: Tensor, tokens: Sequence[int], n: int) -> list[TokenL
         return [TokenLogprob(t, c) for t, c in zip(tokens, chosen)]
     values, ids = lp.topk(n, dim=-1)
     return [TokenLogprob(t, c, tuple(zip(i, v))) for t, c, i, v in zip(tokens, chosen, ids.tolist(), values.tolist())]
+
+
+_M64 = 2**64 - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit ints that scatters nearby inputs."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+@functools.lru_cache(maxsize=64)   # a verify's positions come back in the next rounds (the draft's forks too)
+def position_noise(seed: int, position: int, vocab: int) -> Tensor:
+    """V independent Exp(1) draws (float64, CPU) keyed by (seed, position) alone. Cached: do not modify it."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(_mix64(_mix64(seed) ^ position) >> 1)
+    return -torch.rand(vocab, dtype=torch.float64, generator=gen).log()
+
+
+def coupled_tokens(probs: Tensor, seed: int, positions: Sequence[int]) -> list[int]:
+    """Row i's position-keyed Gumbel-max token: ``argmax probs[i] / position_noise(seed, positions[i])`` (see
+    the module docstring)."""
+    positions = list(positions)
+    if probs.dim() != 2 or probs.shape[0] != len(positions):
+        raise ValueError(f"probs must be [{len(positions)}, V], got shape {tuple(probs.shape)}")
+    if not positions:
+        return []
+    e = torch.stack([position_noise(seed, pos, probs.shape[1]) for pos in positions]).to(probs.device)
+    return (probs.double() / e).argmax(dim=-1).tolist()
 
 
 def make_generator(seed: int | None) -> torch.Generator | None:

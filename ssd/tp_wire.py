@@ -36,7 +36,7 @@ from ssd.wire.kinds import (WireError, _Array, _Bad, _Bool, _Float, _Int, _Ints,
 __all__ = ["MAX_OP_ARRAYS", "MAX_OP_BYTES", "MAX_OP_ITEMS", "MAX_PEER_BYTES", "MESSAGE_TYPES", "TP_VERSION", "Free",
            "Item", "Prefill", "Request", "Restore", "Stop", "TPWireError", "Verify", "decode", "encode"]
 
-TP_VERSION = 2                # 2: penalties and logprobs in the parameters, Request.prompt_len
+TP_VERSION = 3                # 2: penalties and logprobs in the parameters, Request.prompt_len; 3: seed_stream
 MAX_OP_BYTES = 256 << 20     # bytes per message (several data-plane Verify frames merge into one verify)
 MAX_OP_ITEMS = 1 << 16       # requests or items per message
 MAX_OP_TOKENS = 1 << 20      # ints per token list
@@ -98,7 +98,7 @@ PARAMS = _Params({"temperature": _Float(0.0), "top_k": ID, "top_p": _Float(0.0, 
                   "ignore_eos": FLAG, "presence_penalty": _Float(-2.0, 2.0), "frequency_penalty": _Float(-2.0, 2.0),
                   "repetition_penalty": _Float(0.0), "logit_bias": _List(_tuple(_Int(31), _Float(-100.0, 100.0)),
                                                                           "MAX_OP_TOKENS", MAX_OP_TOKENS),
-                  "min_tokens": ID, "logprobs": _Optional(_Int(6))}, SamplingParams)
+                  "min_tokens": ID, "logprobs": _Optional(_Int(6)), "seed_stream": FLAG}, SamplingParams)
 
 
 def _many(cls) -> _List:

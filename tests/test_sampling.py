@@ -37,7 +37,7 @@ def _support(row):
         ("seed", -1), ("seed", 2**64), ("seed", 1.5),
         ("max_tokens", 0), ("max_tokens", -3),
         ("stop_token_ids", [-1]), ("stop_token_ids", "ab"),
-        ("ignore_eos", "yes"),
+        ("ignore_eos", "yes"), ("seed_stream", 1),
     ],
 )
 def test_invalid_field_raises_value_error_naming_field_and_value(field, value):

@@ -78,14 +78,15 @@ def test_a_wrong_version_is_refused_naming_both_versions():
      ["Verify.items[0].proposal[0]: ids and probs must hold the same number"]),
     (payload(0x03, [[[[PEER, 1], [3], [[b"\x01\x00\x00\x00", b"\x00" * 7 + b"\x7f"]]]], False]),   # NaN
      ["Verify.items[0].proposal[0]: a row's ids must be ints in [0, 2**31) and its probs finite floats in [0, 1]"]),
-    (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 0.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [], 0, None], 1]], False]),
+    (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 0.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [], 0, None, False], 1]], False]),
      ["Prefill.requests[0].params: SamplingParams.top_p must be a number in (0, 1]"]),
     (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 1.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [[1, 2.0], [1, 3.0]],
-                                       0, None], 1]], False]),
+                                       0, None, False], 1]], False]),
      ["Prefill.requests[0].params: SamplingParams.logit_bias must be", "each id once"]),
     (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 1.0, 0.0, None, 1, []], 1]], False]),
-     ["Prefill.requests[0].params: expected the 14 fields"]),
-    (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 1.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [], 0, 3]]], False]),
+     ["Prefill.requests[0].params: expected the 15 fields"]),
+    (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 1.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [], 0, 3, False]]],
+                    False]),
      ["Prefill.requests[0]: expected the 4 fields"]),
 ])
 def test_a_malformed_message_is_refused_naming_the_field(data, fragments):

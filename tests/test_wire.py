@@ -18,8 +18,10 @@ ROW_A = ([3, 17, 40], [0.5, 0.25, 0.25])         # float32-exact probabilities r
 ROW_B = ([0, 2**31 - 1], [1.0, 0.0])
 SAMPLING = SamplingSpec(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, seed=2**64 - 1, presence_penalty=-2.0,
                         frequency_penalty=0.5, repetition_penalty=1.2, logit_bias=[(0, -100.0), (2**31 - 1, 3.5)],
-                        min_tokens=3, ending=[2, 7])
+                        min_tokens=3, ending=[2, 7], seed_stream=True)
 DRAFT_PARAMS = DraftParamsSpec(temperature=1.0, top_k=32, saguaro_c=0.5, saguaro_f=3, seed=None)
+COUPLED = DraftParamsSpec(temperature=0.5, top_k=4, saguaro_c=1.0, saguaro_f=0, seed=9, coupled=True, top_p=0.5,
+                          min_p=0.25)
 HALVES = np.array([[0.5, -1.0, 2.0], [65504.0, 0.0, -0.25]], "<f2").tobytes()   # two float16 rows of 3
 
 EXAMPLES = [
@@ -39,7 +41,8 @@ EXAMPLES = [
              logprobs=[SeqLogprobs(1, [-0.5, -2.25, -17.0], [0, 2**31 - 1, 4, 5, 11, 3], [-0.1, -0.5, -1.0, -2.25,
                                                                                             -3.0, -17.0])]),
     DraftAdd(items=[DraftAddItem(seq=1, tokens=[1, 2, 3, 42], params=DRAFT_PARAMS, features=(0, HALVES)),
-                    DraftAddItem(seq=2, tokens=[1], params=DRAFT_PARAMS, features=None)]),
+                    DraftAddItem(seq=2, tokens=[1], params=DRAFT_PARAMS, features=None),
+                    DraftAddItem(seq=3, tokens=[5], params=COUPLED)]),
     DraftRound(items=[DraftRoundItem(seq=1, round=3, delta=[11], spec=[3, 17, 40, 0], features=(4, HALVES))],
                fanout=[3, 2, 2, 1]),
     CacheEntries(seq=1, round=4, entries=[CacheEntry(accepted=0, token=3, tokens=[17, 40], proposal=[ROW_A, ROW_A]),
@@ -151,7 +154,7 @@ def test_oversized_payload_is_refused_before_unpacking():
 
 
 def test_wrong_version_names_both_versions():
-    assert PROTOCOL_VERSION == 4
+    assert PROTOCOL_VERSION == 5
     message = rejects(frames(Ping, 1, version=2), "Ping", "version 2", f"version {PROTOCOL_VERSION}")
     assert "not supported" in message
     rejects(frames(Ping, 1, version="1"), "Ping", "version str '1'")
@@ -175,9 +178,10 @@ def test_field_rejections_name_message_and_field():
     rejects(frames(DraftRound, [[1, 0, [5], [1, 2**31], None]], []), "DraftRound.items[0].spec[1]", "2**31")
     rejects(frames(DraftRound, []), "DraftRound: expected the 2 fields", "got 1 values")   # a version-2 payload
     rejects(frames(DraftRound, [], [2, "1"]), "DraftRound.fanout[1]: expected an int")
-    spec = [0.5, 0, 1.0, 0.0, None, 0.0, 0.0, 1.0, [], 0, [], None]
+    spec = [0.5, 0, 1.0, 0.0, None, 0.0, 0.0, 1.0, [], 0, [], None, False]
     rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, *spec[3:]], 0]], False), "Prefill.items[0].sampling.top_p")
-    rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, 0.0, None], 0]], False), "sampling: expected the 12 fields")
+    rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, 0.0, None], 0]], False), "sampling: expected the 13 fields")
+    rejects(frames(Prefill, [[1, [1], spec[:12] + [1], 0]], False), "Prefill.items[0].sampling.seed_stream: expected a bool")
     rejects(frames(Prefill, [[1, [1], spec[:5] + [2.5] + spec[6:], 0]], False),
             "Prefill.items[0].sampling.presence_penalty: expected a finite float in [-2.0, 2.0]")
     rejects(frames(Prefill, [[1, [1], spec[:8] + [[[3, 101.0]]] + spec[9:], 0]], False),
@@ -199,7 +203,7 @@ def test_feature_rejections():
     rejects(frames(Prefilled, [], 0.1, [[1, -1, b""]], []), "Prefilled.features[0][1]: expected an int in [0, 2**63)")
     rejects(frames(Prefilled, [], 0.1, [[1, b""]], []), "Prefilled.features[0]: expected an array of 3")
     rejects(frames(Prefilled, [], 0.1, [[1, 0, b""]] * (MAX_ITEMS + 1), []), "Prefilled.features", "MAX_ITEMS")
-    add = [1, [1], [1.0, 32, 0.5, 3, None]]
+    add = [1, [1], [1.0, 32, 0.5, 3, None, False, 1.0, 0.0]]
     rejects(frames(DraftAdd, [add + [[0, b"\x00"]]]), "DraftAdd.items[0].features[1]", "got 1 bytes")
     rejects(frames(DraftAdd, [add + [[2**63, b""]]]), "DraftAdd.items[0].features[0]", "2**63")
     rejects(frames(DraftAdd, [add + [b"\x00\x00"]]), "DraftAdd.items[0].features: expected an array of 2")

@@ -118,7 +118,8 @@ class Frontend:
 
     def build(self, *, text: str | None = None, token_ids: list[int] | None = None,
               messages: list[dict] | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-              min_p: float = 0.0, seed: int | None = None, max_tokens: int | None = None, stop=(),
+              min_p: float = 0.0, seed: int | None = None, seed_stream: bool = False, max_tokens: int | None = None,
+              stop=(),
               stop_token_ids=(), ignore_eos: bool = False, presence_penalty: float = 0.0,
               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logit_bias: dict | None = None,
               min_tokens: int = 0, logprobs: int | None = None, mode: str = "", k: int = 0, request_id: str = "",
@@ -169,7 +170,8 @@ class Frontend:
                                     max_tokens=max_tokens, stop_token_ids=tuple(stop_token_ids),
                                     ignore_eos=ignore_eos, presence_penalty=presence_penalty,
                                     frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
-                                    logit_bias=logit_bias, min_tokens=min_tokens, logprobs=logprobs)
+                                    logit_bias=logit_bias, min_tokens=min_tokens, logprobs=logprobs,
+                                    seed_stream=seed_stream)
         except ValueError as e:
             raise ValueError(re.sub(r"^SamplingParams\.(\w+) ", r"\1: ", str(e))) from None
         deadline = time.monotonic() + timeout_s if timeout_s is not None else None
@@ -242,7 +244,8 @@ class Frontend:
                 "max_tokens": p.max_tokens, "stop_token_ids": list(p.stop_token_ids), "ignore_eos": p.ignore_eos,
                 "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
                 "repetition_penalty": p.repetition_penalty, "logit_bias": [list(b) for b in p.logit_bias],
-                "min_tokens": p.min_tokens, "logprobs": p.logprobs, "stop": list(g.stop), "mode": g.mode, "k": g.k}
+                "min_tokens": p.min_tokens, "logprobs": p.logprobs, "stop": list(g.stop), "mode": g.mode, "k": g.k,
+                "seed_stream": p.seed_stream}
 
     def resumed(self, record, skip: int, timeout_s: float | None = None) -> GenerationRequest:
         """The request a journal record describes, continuing after its committed tokens; the client has the

@@ -18,7 +18,8 @@ WHAT = {NUMBER: "a number", INT: "an integer", BOOL: "a boolean", STR: "a string
         OBJECT: "an object", STOP: "a string or a list of strings"}
 
 # read by `parse`, on both endpoints or on one
-HONOURED = frozenset({"model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+HONOURED = frozenset({"model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
+                      "seed_stream", "stop",
                       "stop_token_ids", "ignore_eos", "max_tokens", "user", "speculation", "presence_penalty",
                       "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "logprobs", "n"})
 CHAT_ONLY = frozenset({"messages", "max_completion_tokens", "top_logprobs"})
@@ -128,7 +129,8 @@ def parse(body: dict, chat: bool) -> Parsed:
     top_k = get(body, "top_k", INT, 0)
     build = dict(prompt, temperature=get(body, "temperature", NUMBER, 1.0), top_k=0 if top_k == -1 else top_k,
                  top_p=get(body, "top_p", NUMBER, 1.0), min_p=get(body, "min_p", NUMBER, 0.0),
-                 seed=get(body, "seed", INT), max_tokens=max_tokens, stop=get(body, "stop", STOP, ()),
+                 seed=get(body, "seed", INT), seed_stream=get(body, "seed_stream", BOOL, False),
+                 max_tokens=max_tokens, stop=get(body, "stop", STOP, ()),
                  stop_token_ids=get(body, "stop_token_ids", LIST, ()),
                  ignore_eos=get(body, "ignore_eos", BOOL, False),
                  presence_penalty=get(body, "presence_penalty", NUMBER, 0.0),

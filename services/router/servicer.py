@@ -44,7 +44,8 @@ def request_fields(request) -> dict:
               None: {}}[which]
     s, spec = request.sampling, request.speculation
     return dict(**prompt, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p or 1.0, min_p=s.min_p,
-                seed=s.seed if s.HasField("seed") else None, max_tokens=request.max_tokens or None,
+                seed=s.seed if s.HasField("seed") else None, seed_stream=s.seed_stream,
+                max_tokens=request.max_tokens or None,
                 stop=list(request.stop), stop_token_ids=list(request.stop_token_ids), ignore_eos=request.ignore_eos,
                 presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
                 repetition_penalty=s.repetition_penalty or 1.0, logit_bias=dict(s.logit_bias),

@@ -34,7 +34,8 @@ def _add_messages(req: pb.GenerateRequest, messages: list) -> None:
 def build_request(prompt: str | list[int] | list[dict] | None = None, *, chat: bool = False,
                   messages: list[dict] | None = None, max_tokens: int = 0, temperature: float = 0.0,
                   top_k: int = 0, top_p: float = 0.0, min_p: float = 0.0, seed: int | None = None,
-                  ignore_eos: bool = False, stop_token_ids=(), stop: str | list[str] = (), request_id: str = "",
+                  seed_stream: bool = False, ignore_eos: bool = False, stop_token_ids=(), stop: str | list[str] = (),
+                  request_id: str = "",
                   mode: str = "", k: int = 0, speculation_off: bool = False, presence_penalty: float = 0.0,
                   frequency_penalty: float = 0.0, repetition_penalty: float = 0.0,
                   logit_bias: dict[int, float] | None = None, min_tokens: int = 0,
@@ -43,6 +44,8 @@ def build_request(prompt: str | list[int] | list[dict] | None = None, *, chat: b
     """The GenerateRequest for a prompt and options. The prompt is raw text (one user chat message when
     chat=True), token ids, or chat messages ({"role", "content"} dicts), which `messages=` may give instead.
     Penalties and biases (`repetition_penalty` 0 = off, like 1) are the target's, applied at every position.
+    A `seed` reproduces the tokens in every mode and at any K (each position's draw is keyed by seed and position);
+    `seed_stream=True` seeds one random stream instead (reproducible for one mode and K; a little more acceptance).
     `logprobs` = N: each token's log-probability and its N most probable alternatives (None: none).
     `n` choices (1..16; each its own sequence, choice i seeded with seed + i), the best n of `best_of` candidates
     by cumulative logprob (n..16)."""
@@ -53,6 +56,7 @@ def build_request(prompt: str | list[int] | list[dict] | None = None, *, chat: b
                 stop_token_ids=list(stop_token_ids), stop=[stop] if isinstance(stop, str) else list(stop),
                 min_tokens=min_tokens, logprobs=logprobs, n=n, best_of=best_of)
     _fill(req.sampling, "sampling.", temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+          seed_stream=seed_stream,
           presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
           repetition_penalty=repetition_penalty, logit_bias=dict(logit_bias or {}))
     _fill(req.speculation, "speculation.", mode=mode, k=k, off=speculation_off)

@@ -19,7 +19,7 @@ from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for, default_kv_tokens
 from ssd.params import ending_tokens
-from ssd.sampling import penalize, probs_from_logits, sample, token_logprobs
+from ssd.sampling import coupled_tokens, penalize, probs_from_logits, sample, token_logprobs
 
 
 class AREngine(Engine):
@@ -79,6 +79,9 @@ class AREngine(Engine):
                                          ending_tokens(s.params, self.eos_token_ids))[0]
         probs = probs_from_logits(logits, [s.params for s in batch])
         tokens = sample(probs, [s.generator for s in batch]).tolist()
+        for b, s in enumerate(batch):   # a coupled row's token is its position's (`ssd.sampling.coupled_tokens`)
+            if s.params.coupled:
+                tokens[b] = coupled_tokens(probs[b:b + 1], s.params.seed, [len(s.prompt) + len(s.output)])[0]
         for b, rows in raw.items():
             batch[b].logprobs.extend(token_logprobs(rows, [tokens[b]], batch[b].params.logprobs))
         for seq, tok in zip(batch, tokens):

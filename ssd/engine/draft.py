@@ -37,7 +37,7 @@ from ssd.models.blocks import PrefixStats
 from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for
-from ssd.sampling import SamplingParams, make_generator
+from ssd.sampling import SamplingParams, coupled_tokens, make_generator, position_noise, probs_from_logits
 from ssd.wire import CacheEntry
 
 SEED_OFFSET = 0x5D_5D  # the draft's generator differs from the target's for the same request seed
@@ -45,12 +45,27 @@ SEED_OFFSET = 0x5D_5D  # the draft's generator differs from the target's for the
 
 @dataclass(slots=True)
 class DraftParams:
-    """How a sequence's proposals are drawn: temperature 0 = greedy; top_k keeps q sparse on the wire."""
+    """How a sequence's proposals are drawn: temperature 0 = greedy; top_k keeps q sparse on the wire. A coupled
+    sequence (`SamplingParams.coupled`) picks each token as the position-keyed Gumbel-max choice of q filtered with
+    the target's top_k, top_p and min_p (`ssd.sampling.coupled_tokens`, the target's rule and noise), ships no q,
+    and ranks its forks by the same noise."""
     temperature: float = 0.0
     top_k: int = 0
     saguaro_c: float = 1.0
     saguaro_f: int = 0
     seed: int | None = None
+    coupled: bool = False
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.coupled and (self.seed is None or self.temperature == 0):
+            raise ValueError("a coupled draft sequence needs a seed and a temperature > 0")
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """A coupled sequence's q rule: the target's temperature and filters."""
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
 
 
 @dataclass(slots=True)
@@ -171,10 +186,59 @@ class DraftWorker(BranchDecoding):
                 self.evictions += 1
             self.cache.ensure(s.slot, end)
 
-    def _propose(self, hidden: torch.Tensor, seqs: list[_DraftSeq]) -> tuple[list[int], list | None]:
+    def _propose(self, hidden: torch.Tensor, seqs: list[_DraftSeq],
+                 positions: list[int] | None = None) -> tuple[list[int], list | None]:
         """Draw one token per row of the outputs `hidden` from the proposal q; return the tokens and q's sparse
-        support (or None). A greedy batch of a draft with its own vocabulary takes the argmax over that vocabulary
-        (the lowest target id among equal maxima, as the argmax over the full one), never building full rows."""
+        support (or None; a coupled row's entry is None). A greedy batch of a draft with its own vocabulary takes
+        the argmax over that vocabulary (the lowest target id among equal maxima, as the argmax over the full one),
+        never building full rows. `positions`: each row's token position (coupled rows pick with its noise)."""
+        coupled = [b for b, s in enumerate(seqs) if s.params.coupled]
+        if not coupled:
+            return self._propose_q(hidden, seqs)
+        if positions is None:
+            raise ValueError("coupled sequences need the positions of the tokens they propose")
+        tokens: list[int] = [0] * len(seqs)
+        support: list | None = None
+        others = [b for b in range(len(seqs)) if not seqs[b].params.coupled]
+        if others:
+            picked, rows = self._propose_q(hidden[others], [seqs[b] for b in others])
+            if rows is not None:
+                support = [None] * len(seqs)
+            for r, b in enumerate(others):
+                tokens[b] = picked[r]
+                if rows is not None:
+                    support[b] = rows[r]
+        for b, t in zip(coupled, self._coupled_picks(hidden[coupled], [seqs[b] for b in coupled],
+                                                     [positions[b] for b in coupled])):
+            tokens[b] = t
+        return tokens, support
+
+    def _coupled_q(self, hidden: torch.Tensor, seqs: list[_DraftSeq]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rows of q for coupled sequences: over the draft's own vocabulary when it has one (with those ids), else
+        over the full vocabulary (ids None)."""
+        small = self._vocab_ids is not None
+        logits = self.model.draft_logits(hidden) if small else self.model.logits(hidden)
+        q = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        groups: dict = {}
+        for b, s in enumerate(seqs):
+            groups.setdefault((s.params.temperature, s.params.top_k, s.params.top_p, s.params.min_p), []).append(b)
+        for rows in groups.values():
+            q[rows] = probs_from_logits(logits[rows], seqs[rows[0]].params.sampling)
+        return q, (self._vocab_ids if small else None)
+
+    def _coupled_picks(self, hidden, seqs, positions) -> list[int]:
+        """Each coupled row's token: the Gumbel-max choice of its q with the (seed, position) noise; over a draft
+        vocabulary, with the noise the target's full rows get at those ids."""
+        q, ids = self._coupled_q(hidden, seqs)
+        if ids is None:
+            return [coupled_tokens(q[r:r + 1], s.params.seed, [pos])[0]
+                    for r, (s, pos) in enumerate(zip(seqs, positions))]
+        V, cpu_ids = self.model.cfg.vocab_size, ids.cpu()
+        e = torch.stack([position_noise(s.params.seed, pos, V)[cpu_ids] for s, pos in zip(seqs, positions)])
+        return ids[(q.double() / e.to(q.device)).argmax(-1)].tolist()
+
+    def _propose_q(self, hidden: torch.Tensor, seqs: list[_DraftSeq]) -> tuple[list[int], list | None]:
+        """`_propose` for sequences that are not coupled."""
         params = [s.params for s in seqs]
         if self._vocab_ids is not None and all(p.temperature == 0 for p in params):
             small = self.model.draft_logits(hidden)
@@ -239,7 +303,7 @@ class DraftWorker(BranchDecoding):
         k = self.k if k is None else k
         seqs = [self.seqs[i] for i in seq_ids]
         k_eff = [max(0, min(k, self.max_len - len(s.tokens))) for s in seqs]
-        specs = [Speculation([], [] if s.params.temperature else None) for s in seqs]
+        specs = [Speculation([], [] if s.params.temperature and not s.params.coupled else None) for s in seqs]
         rows, starts = self._catch_up_rows(seqs)
         self._map(seqs, [st + len(r) + max(0, ke - 1) for st, r, ke in zip(starts, rows, k_eff)])
         t0 = time.perf_counter()
@@ -265,7 +329,8 @@ class DraftWorker(BranchDecoding):
                 hidden = hidden[pick]
             else:
                 hidden = self.forward(fb, self.cache)[pick]
-            tokens, support = self._propose(hidden, [seqs[b] for b in active])
+            tokens, support = self._propose(hidden, [seqs[b] for b in active],
+                                            [len(seqs[b].tokens) + step for b in active])
             for r, b in enumerate(active):
                 if step == 0:
                     self._caught_up(seqs[b], starts[b])
@@ -289,4 +354,6 @@ def draft_params_for(params: SamplingParams, top_k: int = 0, saguaro_c: float = 
     """The draft samples at the request's temperature; greedy requests get a greedy draft."""
     if params.greedy:
         return DraftParams(seed=params.seed)
+    if params.coupled:
+        return DraftParams(params.temperature, params.top_k, 1.0, 0, params.seed, True, params.top_p, params.min_p)
     return DraftParams(params.temperature, top_k, saguaro_c, saguaro_f, params.seed)

@@ -22,6 +22,7 @@ import torch
 from ssd.engine.draft_features import Chains, chain_inputs
 from ssd.engine.forks import select_forks_batch
 from ssd.models.decoder import ForwardBatch
+from ssd.sampling import position_noise, probs_from_logits
 from ssd.wire import CacheEntry
 
 
@@ -49,6 +50,8 @@ class BranchDecoding:
             logits = self.model.logits(hidden[[b for b, _ in picks], [c for _, c in picks]])
         for s, sp in zip(seqs, specs):
             s.kv_len, s.written, s.chains = len(s.tokens), list(sp), None
+        if any(s.params.coupled for s in seqs):
+            logits = self._coupled_fork_scores(logits, seqs, specs)
         forks_per_seq = select_forks_batch(logits, specs, fanouts)
         for s, sp, forks in zip(seqs, specs, forks_per_seq):
             self.cache.ensure(s.slot, len(s.tokens) + len(sp) + 1 + len(forks) * self.k, scratch=True)
@@ -56,6 +59,21 @@ class BranchDecoding:
         for s, sp in zip(seqs, specs):
             self.cache.trim(s.slot, len(s.tokens) + len(sp))
         return {seq_id: e for (seq_id, _), e in zip(items, entries)}
+
+    def _coupled_fork_scores(self, logits: torch.Tensor, seqs, specs) -> torch.Tensor:
+        """A coupled sequence's t* after j accepted tokens is the target's Gumbel-max pick at position L + j, so its
+        forks are ranked by the draft's guess of it: log q(x) - log E(x) with that position's noise (row j of its
+        K_b + 1 rows). Other rows keep their logits."""
+        logits = logits.float().clone()
+        start, V = 0, logits.shape[1]
+        for s, sp in zip(seqs, specs):
+            n = len(sp) + 1
+            if s.params.coupled:
+                q = probs_from_logits(logits[start:start + n], s.params.sampling).double()
+                e = torch.stack([position_noise(s.params.seed, len(s.tokens) + j, V) for j in range(n)])
+                logits[start:start + n] = (q.log() - e.to(q.device).log()).float()
+            start += n
+        return logits
 
     def _glue_with_features(self, seqs, specs, rows, starts) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """A feature draft's glue. Returns the logits rows j = 0..K_b of each sequence in order, and per sequence
@@ -127,6 +145,7 @@ class BranchDecoding:
         chains = [[[] for _ in range(nb[b])] for b in range(B)]
         props = [[[] for _ in range(nb[b])] for b in range(B)]
         branch_seqs = [s for b, s in enumerate(seqs) for _ in range(nb[b])]
+        positions = [L[b] + j + 1 for b, f in enumerate(forks_per_seq) for j, _ in f]   # each chain's first token
         feats, outputs = None, []
         if glue_feats is not None:
             feats = torch.zeros(B, width, self.feature_size, dtype=self.model.embed.dtype, device=dev)
@@ -144,7 +163,7 @@ class BranchDecoding:
                 hidden = hidden[valid_d]
             else:
                 hidden = self.forward(fb, self.cache)[valid_d]  # branches in (b, i) order
-            tokens, support = self._propose(hidden, branch_seqs)
+            tokens, support = self._propose(hidden, branch_seqs, [positions[r] + d for r in range(len(positions))])
             r = 0
             for b in range(B):
                 for i in range(nb[b]):
@@ -161,7 +180,7 @@ class BranchDecoding:
                 seqs[b].chains = Chains(L[b], len(specs[b]) + 1, table)
         out = []
         for b, forks in enumerate(forks_per_seq):
-            sampled = seqs[b].params.temperature != 0
+            sampled = seqs[b].params.temperature != 0 and not seqs[b].params.coupled
             out.append([CacheEntry(j, t, chains[b][i], props[b][i] if sampled else None)
                         for i, (j, t) in enumerate(forks)])
         return out

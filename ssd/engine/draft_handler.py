@@ -84,7 +84,12 @@ class DraftHandler(Handler):
                         self._error(peer, "invalid_argument", f"tokens must be non-empty ids in [0, {vocab})", it.seq)
                         continue
                     p = it.params
-                    params = DraftParams(p.temperature, p.top_k, p.saguaro_c, p.saguaro_f, p.seed)
+                    try:
+                        params = DraftParams(p.temperature, p.top_k, p.saguaro_c, p.saguaro_f, p.seed, p.coupled,
+                                             p.top_p, p.min_p)
+                    except ValueError as e:
+                        self._error(peer, "invalid_argument", str(e), it.seq)
+                        continue
                     self._with_features(peer, it.seq, it.features,
                                         lambda block: self.worker.add(key, list(it.tokens), params, block))
             elif isinstance(msg, wire.Free):

@@ -23,7 +23,8 @@ from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for, default_kv_tokens
 from ssd.engine.features import FeatureBlock
-from ssd.sampling import SamplingParams, make_generator, penalize, probs_from_logits, sample, token_logprobs
+from ssd.sampling import (SamplingParams, coupled_tokens, make_generator, penalize, probs_from_logits, sample,
+                          token_logprobs)
 from ssd.spec.check import speculation_problem
 from ssd.engine.verify import verify_greedy_batch, verify_sampling
 from ssd.wire import Outcome, VerifyItem
@@ -98,6 +99,9 @@ class TargetWorker:
                     logits[b] = self._penalize(s, logits[b:b + 1], [])[0]
         probs = probs_from_logits(logits, [s.params for s in new])
         firsts = sample(probs, [s.generator for s in new]).tolist()
+        for b, s in enumerate(new):   # a coupled row's token is its position's (consumes no stream)
+            if s.params.coupled:
+                firsts[b] = coupled_tokens(probs[b:b + 1], s.params.seed, [len(s.tokens)])[0]
         self.last_logprobs = {requests[b][0]: token_logprobs(rows, [firsts[b]], new[b].params.logprobs)
                               for b, rows in raw.items()}
         for s, t in zip(new, firsts):
@@ -201,7 +205,7 @@ class TargetWorker:
             return f"unknown sequence {item.seq}"
         if len(seq.tokens) + len(item.tokens) > self.max_len:
             return f"speculation of {len(item.tokens)} tokens runs past the maximum length {self.max_len}"
-        return speculation_problem(item.tokens, None if seq.params.greedy else item.proposal,
+        return speculation_problem(item.tokens, item.proposal if seq.params.needs_proposal else None,
                                    self.model.cfg.vocab_size)
 
     def restore(self, requests: list[tuple[int, list[int], SamplingParams, int]]) -> None:
@@ -265,13 +269,22 @@ class TargetWorker:
                     logits[b, :K + 1] = self._penalize(s, logits[b, :K + 1], list(it.tokens))
         B, W = logits.shape[:2]
         outcomes: list[Outcome | None] = [None] * B
-        greedy = [b for b, s in enumerate(seqs) if s.params.greedy]
+        # greedy and coupled rows: accept while the drafted token is the target's own pick (the argmax, or the
+        # position-keyed Gumbel-max token of the distribution), then emit the target's pick
+        greedy = [b for b, s in enumerate(seqs) if not s.params.needs_proposal]
         if greedy:
             rows = [list(items[b].tokens) for b in greedy]
             draft = torch.tensor([r + [0] * (W - 1 - len(r)) for r in rows], dtype=torch.long).view(len(rows), W - 1)
             lengths = torch.tensor([len(r) for r in rows])
             picked = logits if len(greedy) == B else logits[torch.tensor(greedy, device=logits.device)]
-            j, t = verify_greedy_batch(draft, picked.argmax(-1).cpu(), lengths)
+            picks = picked.argmax(-1).cpu()
+            for r, b in enumerate(greedy):
+                s, K = seqs[b], len(items[b].tokens)
+                if s.params.coupled:
+                    p = probs_from_logits(logits[b, :K + 1], s.params)
+                    picks[r, :K + 1] = torch.tensor(coupled_tokens(p, s.params.seed, range(len(s.tokens),
+                                                                                          len(s.tokens) + K + 1)))
+            j, t = verify_greedy_batch(draft, picks, lengths)
             for r, b in enumerate(greedy):
                 outcomes[b] = Outcome(items[b].seq, int(j[r]), int(t[r]))
         for b, (it, s) in enumerate(zip(items, seqs)):

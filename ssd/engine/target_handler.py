@@ -38,7 +38,8 @@ def sampling_params(s: wire.SamplingSpec, vocab: int) -> SamplingParams:
     return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed,
                           presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
                           repetition_penalty=s.repetition_penalty, logit_bias=s.logit_bias, min_tokens=s.min_tokens,
-                          stop_token_ids=tuple(s.ending), ignore_eos=True, logprobs=s.logprobs)
+                          stop_token_ids=tuple(s.ending), ignore_eos=True, logprobs=s.logprobs,
+                          seed_stream=s.seed_stream)
 
 
 class TargetHandler(Handler):

@@ -81,7 +81,8 @@ def _calls(requests: list[tp_wire.Request]) -> list:
 
 def _seeded(requests) -> list:
     """Give each sampled request without a seed one, so that every rank samples alike."""
-    return [(seq_id, tokens, p if p.greedy or p.seed is not None else dataclasses.replace(p, seed=secrets.randbits(63)),
+    return [(seq_id, tokens, p if p.greedy or p.seed is not None else
+             dataclasses.replace(p, seed=secrets.randbits(63), seed_stream=True),
              *n) for seq_id, tokens, p, *n in requests]
 
 

@@ -170,7 +170,7 @@ class RoundCore:
         ending = list(ending_tokens(s, self.eos)) if s.min_tokens else []
         return wire.SamplingSpec(s.temperature, s.top_k, s.top_p, s.min_p, s.seed, s.presence_penalty,
                                  s.frequency_penalty, s.repetition_penalty, list(s.logit_bias), s.min_tokens, ending,
-                                 s.logprobs)
+                                 s.logprobs, s.seed_stream)
 
     # ---- the round ------------------------------------------------------------------------------
     def room(self, req: Request) -> int:
@@ -209,8 +209,12 @@ class RoundCore:
         if d is None:
             return
         p = req.params
-        params = (wire.DraftParamsSpec(0.0, 0, 1.0, 0, p.seed) if p.greedy else
-                  wire.DraftParamsSpec(p.temperature, self.cfg.draft_top_k, self.cfg.saguaro_c, 1, p.seed))
+        if p.greedy:
+            params = wire.DraftParamsSpec(0.0, 0, 1.0, 0, p.seed)
+        elif p.coupled:   # the draft picks with the target's filters and the position's noise; no q, no Saguaro
+            params = wire.DraftParamsSpec(p.temperature, p.top_k, 1.0, 0, p.seed, True, p.top_p, p.min_p)
+        else:
+            params = wire.DraftParamsSpec(p.temperature, self.cfg.draft_top_k, self.cfg.saguaro_c, 1, p.seed)
         tokens = req.tokens
         d.send(wire.DraftAdd([wire.DraftAddItem(req.seq, tokens, params, self.features.take(req))]))
         req.draft_sent = len(tokens)
@@ -232,7 +236,7 @@ class RoundCore:
             if reason is LookupReason.HIT:
                 room = self.room(req)
                 rnd.tokens, rnd.source, req.phase = entry.tokens[:room], "cache", Phase.READY
-                rnd.proposal = None if req.params.greedy else entry.proposal[:room]
+                rnd.proposal = entry.proposal[:room] if req.params.needs_proposal else None
                 return
         self.backup(req, choose_backup(self.policy(req), max(1, len(self.active)), self.timings))
 
@@ -250,7 +254,7 @@ class RoundCore:
             tokens = ngram_propose(req.tokens, room) if kind is BackupPolicy.NGRAM and room else []
             kind = BackupPolicy.NGRAM if tokens else BackupPolicy.NONE
             rnd.tokens, req.phase = tokens, Phase.READY
-            rnd.proposal = None if req.params.greedy else [([x], [1.0]) for x in tokens]
+            rnd.proposal = [([x], [1.0]) for x in tokens] if req.params.needs_proposal else None
         rnd.source = kind.value
         req.stats.count("backups", kind.value)
         self.metrics.backup_used(kind.value)

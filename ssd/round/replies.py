@@ -50,9 +50,9 @@ def draft_tokens_problem(req, tokens: list[int], proposal, k: int, vocab_size: i
     `k` tokens: what the target would refuse (failing the request) must not reach it."""
     if len(tokens) > k:
         return f"{len(tokens)} tokens, more than the {k} asked for"
-    if not req.params.greedy and proposal is None:   # the target would take it as one-hot: a biased q
+    if req.params.needs_proposal and proposal is None:   # the target would take it as one-hot: a biased q
         return f"no proposal rows for {len(tokens)} tokens"
-    return speculation_problem(tokens, None if req.params.greedy else proposal, vocab_size)
+    return speculation_problem(tokens, proposal if req.params.needs_proposal else None, vocab_size)
 
 
 def entry_problem(req, e: wire.CacheEntry, k: int, vocab_size: int) -> str | None:
@@ -230,7 +230,7 @@ class Replies:
                 core.backup(req, BackupPolicy.NGRAM)
                 continue
             req.round.tokens = tokens[:room]
-            req.round.proposal = None if req.params.greedy else (proposal or [])[:room]
+            req.round.proposal = (proposal or [])[:room] if req.params.needs_proposal else None
             req.phase = Phase.READY
 
     def draft_error(self, worker, msg: wire.Error) -> None:

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 
 from ssd.wire.codec import _SPECS, _items, _wire
 from ssd.wire.features import FEATURES, Features
-from ssd.wire.kinds import ID, PROPOSAL, SECONDS, SEED, TOKEN, TOKENS, Row, _Ints, _List, _tuple
+from ssd.wire.kinds import FLAG, ID, PROPOSAL, SECONDS, SEED, TOKEN, TOKENS, UNIT, Row, _Ints, _List, _tuple
 
 
-@_wire(temperature=SECONDS, top_k=ID, saguaro_c=SECONDS, saguaro_f=ID, seed=SEED)
+@_wire(temperature=SECONDS, top_k=ID, saguaro_c=SECONDS, saguaro_f=ID, seed=SEED, coupled=FLAG, top_p=UNIT,
+       min_p=UNIT)
 @dataclass(slots=True)
 class DraftParamsSpec:
     temperature: float
@@ -21,6 +22,11 @@ class DraftParamsSpec:
     saguaro_c: float
     saguaro_f: int
     seed: int | None
+    # version 5: a coupled sequence (`SamplingParams.coupled`) picks each token with the seed's and the position's
+    # noise from q filtered as the target filters (top_k, top_p, min_p), and ships no proposal
+    coupled: bool = False
+    top_p: float = 1.0
+    min_p: float = 0.0
 
 
 @_wire(seq=ID, tokens=TOKENS, params=_SPECS[DraftParamsSpec], features=FEATURES)

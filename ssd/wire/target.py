@@ -17,7 +17,7 @@ from ssd.wire.kinds import (FLAG, ID, LOGIT_BIAS, LOGPROBS, PENALTY, PROPOSAL, R
 
 @_wire(temperature=SECONDS, top_k=ID, top_p=UNIT, min_p=UNIT, seed=SEED, presence_penalty=PENALTY,
        frequency_penalty=PENALTY, repetition_penalty=REPETITION, logit_bias=LOGIT_BIAS, min_tokens=ID,
-       ending=TOKENS, logprobs=_Optional(_Int(6)))
+       ending=TOKENS, logprobs=_Optional(_Int(6)), seed_stream=FLAG)
 @dataclass(slots=True)
 class SamplingSpec:
     temperature: float
@@ -34,6 +34,7 @@ class SamplingSpec:
     min_tokens: int = 0
     ending: list[int] = field(default_factory=list)
     logprobs: int | None = None   # answer with each token's logprob and this many alternatives (None: no)
+    seed_stream: bool = False     # version 5: the seed starts a stream (else each position's draw is keyed)
 
 
 @_wire(seq=ID, logprobs=LOGPROBS, top_ids=_Ints("MAX_ROW_ENTRIES"), top_logprobs=LOGPROBS)

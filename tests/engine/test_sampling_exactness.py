@@ -72,8 +72,10 @@ def chi_square_p(samples: list[tuple], expected: dict[tuple, float]) -> float:
     return float(chi2.sf(stat, cells - 1))
 
 
-def run(engine, params) -> list[tuple]:
-    seqs = engine.generate([PROMPT] * N, [SamplingParams(seed=i, **params) for i in range(N)])
+def run(engine, params, n: int = N) -> list[tuple]:
+    """n seeded generations; the seed starts a stream (`seed_stream`: rejection sampling, what these cases test)
+    unless params say otherwise."""
+    seqs = engine.generate([PROMPT] * n, [SamplingParams(seed=i, **{"seed_stream": True, **params}) for i in range(n)])
     return [tuple(s.output) for s in seqs]
 
 
@@ -139,8 +141,7 @@ def test_penalised_sampling_with_speculation_follows_the_penalised_target(models
     target, draft = models
     engine = SpeculativeEngine(target, draft, SpecConfig(mode="ssd", k=2, budget=6, draft_top_k=0),
                                max_batch=512, max_len=32)
-    seqs = engine.generate([PROMPT] * N_PENALISED, [SamplingParams(seed=i, **PENALISED) for i in range(N_PENALISED)])
-    samples = [tuple(s.output) for s in seqs]
+    samples = run(engine, PENALISED, N_PENALISED)
     expected = exact_penalised_ar(target, SamplingParams(**PENALISED))
     assert chi_square_p(samples, expected) > 1e-3
     assert chi_square_p(samples, exact_ar(target, SamplingParams(**PARAMS))) < 1e-6   # the penalties did apply
@@ -155,10 +156,29 @@ def test_top_p_target_with_speculation(models):
     assert chi_square_p(run(engine, params), exact_ar(target, SamplingParams(**params))) > 1e-3
 
 
+N_COUPLED = 6_000
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_coupled_seeded_outputs_follow_target_distribution(models, mode):
+    """A seed's default draws (`SamplingParams.coupled`): every position's token is the target's Gumbel-max pick with
+    that seed's and position's noise, the draft picks with the same noise from its q (filtered as the target's),
+    and verification compares tokens. Seeds 0..N-1 give independent draws of the target's distribution."""
+    target, draft = models
+    params = dict(PARAMS, top_k=4)
+    engine = SpeculativeEngine(target, draft, SpecConfig(mode=mode, k=2, budget=6, draft_top_k=0),
+                               max_batch=512, max_len=32)
+    samples = run(engine, dict(params, seed_stream=False), N_COUPLED)
+    assert chi_square_p(samples, exact_ar(target, SamplingParams(**params))) > 1e-3
+    assert 0 < engine.stats.acceptance_rate < 1
+    if mode == "ssd":
+        assert engine.stats.cache.get("hit", 0) > 0.2 * (sum(engine.stats.cache.values()) - engine.stats.cache["forced"])
+
+
 class WrongQDraft(DraftWorker):
     """Draws from the Saguaro-reshaped q but ships the q before reshaping: verification is then biased."""
 
-    def _propose(self, hidden, seqs):
+    def _propose(self, hidden, seqs, positions=None):
         logits = self.model.logits(hidden)
         p = seqs[0].params
         q = proposal_probs(logits, p.temperature, p.top_k, p.saguaro_c, p.saguaro_f)
