@@ -41,6 +41,8 @@ FIELDS = {
     "mode": (st.sampled_from(["", "ar", "sd", "ssd"]), _text),
     "k": (st.integers(0, 3), U32),
     "resume_from": (st.none(), st.integers(0, 3)),
+    "n": (st.sampled_from([0, 1, 2]), st.sampled_from([17, 2**32 - 1])),
+    "best_of": (st.sampled_from([0, 2]), st.sampled_from([17, 2**32 - 1])),
 }
 
 
@@ -49,7 +51,8 @@ def requests(draw) -> pb.GenerateRequest:
     odd = draw(st.sets(st.sampled_from(sorted(FIELDS)), max_size=2))
     v = {name: draw(pair[name in odd]) for name, pair in FIELDS.items()}
     req = pb.GenerateRequest(max_tokens=v["max_tokens"], ignore_eos=draw(st.booleans()),
-                             stop_token_ids=v["stop_token_ids"], stop=v["stop"], request_id=v["request_id"])
+                             stop_token_ids=v["stop_token_ids"], stop=v["stop"], request_id=v["request_id"],
+                             n=v["n"], best_of=v["best_of"])
     if v["prompt"] == "text":
         req.text = v["text"]
     elif v["prompt"] == "token_ids":
@@ -60,6 +63,7 @@ def requests(draw) -> pb.GenerateRequest:
     s.temperature, s.top_p, s.min_p, s.top_k = v["temperature"], v["top_p"], v["min_p"], v["top_k"]
     if draw(st.booleans()):
         s.seed = draw(st.integers(0, 2**64 - 1))
+    s.seed_stream = draw(st.booleans())
     req.speculation.mode, req.speculation.k, req.speculation.off = v["mode"], v["k"], draw(st.booleans())
     if v["resume_from"] is not None:
         req.resume_from = v["resume_from"]
@@ -103,8 +107,9 @@ def test_random_requests_succeed_or_fail_with_invalid_argument(stub, normal_stre
         OUTCOMES[e.code().name] = OUTCOMES.get(e.code().name, 0) + 1
         return
     OUTCOMES["OK"] = OUTCOMES.get("OK", 0) + 1
-    assert responses and responses[-1].finish_reason != pb.FINISH_REASON_UNSPECIFIED, req
-    assert responses[-1].finish_reason != pb.FINISH_REASON_ERROR, (responses[-1], req)
+    finals = [r for r in responses if r.finish_reason != pb.FINISH_REASON_UNSPECIFIED]
+    assert sorted(r.index for r in finals) == list(range(req.n or 1)), req   # each choice ends once
+    assert all(r.finish_reason != pb.FINISH_REASON_ERROR for r in finals), (finals, req)
 
 
 def test_the_concurrent_normal_stream_was_unaffected(normal_stream, ar_reference):
