@@ -27,6 +27,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
 
+from ssd.constraints import Constraint
+
 _SEED_LIMIT = 2**64
 PENALTY_RANGE = (-2.0, 2.0)             # presence_penalty, frequency_penalty (OpenAI's)
 REPETITION_RANGE = (0.01, 100.0)        # repetition_penalty (1 = off); the bounds keep logits finite
@@ -59,6 +61,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None   # None: no logprobs; N: each token's and its N most probable alternatives'
     seed_stream: bool = False     # a seed starts one random stream per request instead of keying each position
+    constraint: Constraint | None = None   # structured output: a grammar masks every position (ssd.constraints)
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
@@ -99,6 +102,8 @@ class SamplingParams:
             raise bad("min_tokens", "an int >= 0")
         if not isinstance(self.seed_stream, bool):
             raise bad("seed_stream", "a bool")
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise bad("constraint", "None or an ssd.constraints.Constraint")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise bad("logprobs", f"None or an int in 0..{MAX_LOGPROBS}")
         self.temperature = float(self.temperature)

@@ -29,14 +29,16 @@ from dataclasses import dataclass
 
 import msgpack
 
+from ssd.constraints import KINDS, Constraint
 from ssd.params import SamplingParams
 from ssd.wire.kinds import (WireError, _Array, _Bad, _Bool, _Float, _Int, _Ints, _List, _Optional, _Rows,
-                            _tuple, _what)
+                            _Str, _tuple, _what)
 
 __all__ = ["MAX_OP_ARRAYS", "MAX_OP_BYTES", "MAX_OP_ITEMS", "MAX_PEER_BYTES", "MESSAGE_TYPES", "TP_VERSION", "Free",
            "Item", "Prefill", "Request", "Restore", "Stop", "TPWireError", "Verify", "decode", "encode"]
 
-TP_VERSION = 3                # 2: penalties and logprobs in the parameters, Request.prompt_len; 3: seed_stream
+TP_VERSION = 4                # 2: penalties and logprobs in the parameters, Request.prompt_len; 3: seed_stream;
+                              # 4: constraint (structured output)
 MAX_OP_BYTES = 256 << 20     # bytes per message (several data-plane Verify frames merge into one verify)
 MAX_OP_ITEMS = 1 << 16       # requests or items per message
 MAX_OP_TOKENS = 1 << 20      # ints per token list
@@ -98,7 +100,9 @@ PARAMS = _Params({"temperature": _Float(0.0), "top_k": ID, "top_p": _Float(0.0, 
                   "ignore_eos": FLAG, "presence_penalty": _Float(-2.0, 2.0), "frequency_penalty": _Float(-2.0, 2.0),
                   "repetition_penalty": _Float(0.0), "logit_bias": _List(_tuple(_Int(31), _Float(-100.0, 100.0)),
                                                                           "MAX_OP_TOKENS", MAX_OP_TOKENS),
-                  "min_tokens": ID, "logprobs": _Optional(_Int(6)), "seed_stream": FLAG}, SamplingParams)
+                  "min_tokens": ID, "logprobs": _Optional(_Int(6)), "seed_stream": FLAG,
+                  "constraint": _Optional(_Array({"kind": _Str(*KINDS), "text": _Str()}, Constraint))},
+                 SamplingParams)
 
 
 def _many(cls) -> _List:
@@ -204,7 +208,7 @@ def decode(data: bytes) -> Message:
     name = cls.__name__
     try:
         payload = msgpack.unpackb(data[2:], raw=False, strict_map_key=True, max_bin_len=MAX_OP_BYTES,
-                                  max_str_len=0, max_array_len=max(MAX_OP_ITEMS, MAX_OP_TOKENS), max_map_len=0,
+                                  max_str_len=1 << 16, max_array_len=max(MAX_OP_ITEMS, MAX_OP_TOKENS), max_map_len=0,
                                   max_ext_len=0, list_hook=_array_budget())
     except _TooManyArrays:
         raise TPWireError(f"{name}: more than MAX_OP_ARRAYS={MAX_OP_ARRAYS} arrays in the message") from None

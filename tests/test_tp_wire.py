@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ssd import tp_wire
+from ssd.constraints import Constraint
 from ssd.params import SamplingParams
 from ssd.tp_wire import (MESSAGE_TYPES, TP_VERSION, Free, Item, Prefill, Request, Restore, Stop, TPWireError, Verify,
                          decode, encode)
@@ -14,7 +15,8 @@ from ssd.tp_wire import (MESSAGE_TYPES, TP_VERSION, Free, Item, Prefill, Request
 PEER = b"\x00k\x8b\x45\x67"   # a ZeroMQ routing identity
 SAMPLED = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, seed=2**64 - 1, max_tokens=64,
                          stop_token_ids=(2, 7), ignore_eos=True, presence_penalty=-0.5, frequency_penalty=1.5,
-                         repetition_penalty=1.3, logit_bias=((3, -100.0), (2**31 - 1, 2.5)), min_tokens=4, logprobs=20)
+                         repetition_penalty=1.3, logit_bias=((3, -100.0), (2**31 - 1, 2.5)), min_tokens=4, logprobs=20,
+                         constraint=Constraint("regex", "[0-9]+"))
 EXAMPLES = [
     Prefill([Request((PEER, 1), [1, 2, 3], SAMPLED), Request((b"r", 2**63 - 1), [2**31 - 1], SamplingParams())],
             features=True),
@@ -69,7 +71,7 @@ def test_a_wrong_version_is_refused_naming_both_versions():
     (payload(0x04, {"seq_id": 1}), ["Free: malformed msgpack payload"]),           # no maps
     (payload(0x04, [[PEER, 9], 1]), ["Free: expected the 1 fields ('seq_id',)"]),
     (payload(0x04, [[PEER, -1]]), ["Free.seq_id[1]: expected an int in [0, 2**63)"]),
-    (payload(0x04, [["peer", 1]]), ["Free: malformed msgpack payload"]),             # no strings at all
+    (payload(0x04, [["peer", 1]]), ["Free.seq_id[0]: expected a bin", "got str"]),   # strings only for a constraint
     (payload(0x04, [[b"x" * 256, 1]]), ["Free.seq_id[0]: expected a bin of at most 255 bytes"]),
     (payload(0x7F, [0]), ["Stop: expected the 0 fields"]),
     (payload(0x03, [[], 1]), ["Verify.features: expected a bool, got 1"]),
@@ -78,16 +80,19 @@ def test_a_wrong_version_is_refused_naming_both_versions():
      ["Verify.items[0].proposal[0]: ids and probs must hold the same number"]),
     (payload(0x03, [[[[PEER, 1], [3], [[b"\x01\x00\x00\x00", b"\x00" * 7 + b"\x7f"]]]], False]),   # NaN
      ["Verify.items[0].proposal[0]: a row's ids must be ints in [0, 2**31) and its probs finite floats in [0, 1]"]),
-    (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 0.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [], 0, None, False], 1]], False]),
+    (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 0.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [], 0, None, False, None], 1]], False]),
      ["Prefill.requests[0].params: SamplingParams.top_p must be a number in (0, 1]"]),
     (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 1.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [[1, 2.0], [1, 3.0]],
-                                       0, None, False], 1]], False]),
+                                       0, None, False, None], 1]], False]),
      ["Prefill.requests[0].params: SamplingParams.logit_bias must be", "each id once"]),
     (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 1.0, 0.0, None, 1, []], 1]], False]),
-     ["Prefill.requests[0].params: expected the 15 fields"]),
-    (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 1.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [], 0, 3, False]]],
+     ["Prefill.requests[0].params: expected the 16 fields"]),
+    (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 1.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [], 0, 3, False, None]]],
                     False]),
      ["Prefill.requests[0]: expected the 4 fields"]),
+    (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 1.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [], 0, None, False,
+                                       ["yaml", ""]], 1]], False]),
+     ["Prefill.requests[0].params.constraint.kind: expected one of"]),
 ])
 def test_a_malformed_message_is_refused_naming_the_field(data, fragments):
     refused(data, *fragments)

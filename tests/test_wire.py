@@ -154,7 +154,7 @@ def test_oversized_payload_is_refused_before_unpacking():
 
 
 def test_wrong_version_names_both_versions():
-    assert PROTOCOL_VERSION == 5
+    assert PROTOCOL_VERSION == 6
     message = rejects(frames(Ping, 1, version=2), "Ping", "version 2", f"version {PROTOCOL_VERSION}")
     assert "not supported" in message
     rejects(frames(Ping, 1, version="1"), "Ping", "version str '1'")
@@ -178,10 +178,10 @@ def test_field_rejections_name_message_and_field():
     rejects(frames(DraftRound, [[1, 0, [5], [1, 2**31], None]], []), "DraftRound.items[0].spec[1]", "2**31")
     rejects(frames(DraftRound, []), "DraftRound: expected the 2 fields", "got 1 values")   # a version-2 payload
     rejects(frames(DraftRound, [], [2, "1"]), "DraftRound.fanout[1]: expected an int")
-    spec = [0.5, 0, 1.0, 0.0, None, 0.0, 0.0, 1.0, [], 0, [], None, False]
+    spec = [0.5, 0, 1.0, 0.0, None, 0.0, 0.0, 1.0, [], 0, [], None, False, "", ""]
     rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, *spec[3:]], 0]], False), "Prefill.items[0].sampling.top_p")
-    rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, 0.0, None], 0]], False), "sampling: expected the 13 fields")
-    rejects(frames(Prefill, [[1, [1], spec[:12] + [1], 0]], False), "Prefill.items[0].sampling.seed_stream: expected a bool")
+    rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, 0.0, None], 0]], False), "sampling: expected the 15 fields")
+    rejects(frames(Prefill, [[1, [1], spec[:12] + [1, "", ""], 0]], False), "Prefill.items[0].sampling.seed_stream: expected a bool")
     rejects(frames(Prefill, [[1, [1], spec[:5] + [2.5] + spec[6:], 0]], False),
             "Prefill.items[0].sampling.presence_penalty: expected a finite float in [-2.0, 2.0]")
     rejects(frames(Prefill, [[1, [1], spec[:8] + [[[3, 101.0]]] + spec[9:], 0]], False),

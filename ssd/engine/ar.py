@@ -6,12 +6,14 @@ longest prefix the KV cache already holds (prefix caching), so only its new toke
 decode step needs a block and none is free, the most recently admitted sequence is preempted: its KV is
 dropped and it goes back to the front of the queue, to be recomputed (prompt and output so far) when it fits.
 The same model code and sampling (penalties and biases included: `ssd.sampling.penalize` on each step's logits)
-serve SD and SSD, so this engine is the reference they must match.
+serve SD and SSD, so this engine is the reference they must match. A constrained sequence
+(`SamplingParams.constraint`) has each step's logits masked to its grammar after the penalties.
 """
 from __future__ import annotations
 
 import torch
 
+from ssd.constraints import Matcher
 from ssd.engine.base import Engine
 from ssd.engine.sequence import Sequence
 from ssd.models.blocks import PrefixStats
@@ -19,15 +21,19 @@ from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
 from ssd.models.kv_cache import DEFAULT_BLOCK_SIZE, blocks_for, default_kv_tokens
 from ssd.params import ending_tokens
+from ssd.engine.target import constrain
 from ssd.sampling import coupled_tokens, penalize, probs_from_logits, sample, token_logprobs
 
 
 class AREngine(Engine):
     def __init__(self, model: Decoder, max_batch: int = 8, max_len: int | None = None,
                  eos_token_ids: tuple[int, ...] | None = None, kv_tokens: int = 0,
-                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True, cuda_graphs: str = "auto"):
+                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True, cuda_graphs: str = "auto",
+                 grammar_tokenizer=None):
         super().__init__()
         cfg = model.cfg
+        self.grammar_tokenizer = grammar_tokenizer   # an llguidance tokenizer (ssd.constraints.grammar_tokenizer)
+        self._matchers: dict[int, Matcher] = {}      # Sequence.seq_id -> its grammar state after its output
         self.model = model
         self.max_len = cfg.context_length(max_len or 0)
         self.eos_token_ids = frozenset(cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)
@@ -71,12 +77,14 @@ class AREngine(Engine):
             return []
         logits = self.model.logits(hidden)
         raw = {b: logits[b:b + 1] for b, s in enumerate(batch) if s.params.logprobs is not None}
-        if any(s.params.penalized for s in batch):
+        if any(s.params.penalized or s.params.constraint for s in batch):
             logits = logits.float().clone()
             for b, s in enumerate(batch):
                 if s.params.penalized:
                     logits[b] = penalize(logits[b:b + 1], s.params, s.prompt + s.output, len(s.prompt),
                                          ending_tokens(s.params, self.eos_token_ids))[0]
+                if s.params.constraint:
+                    logits[b:b + 1] = constrain(logits[b:b + 1], self._matcher(s).masks())
         probs = probs_from_logits(logits, [s.params for s in batch])
         tokens = sample(probs, [s.generator for s in batch]).tolist()
         for b, s in enumerate(batch):   # a coupled row's token is its position's (`ssd.sampling.coupled_tokens`)
@@ -85,10 +93,19 @@ class AREngine(Engine):
         for b, rows in raw.items():
             batch[b].logprobs.extend(token_logprobs(rows, [tokens[b]], batch[b].params.logprobs))
         for seq, tok in zip(batch, tokens):
+            if seq.params.constraint:
+                self._matchers[seq.seq_id].commit([tok])
             seq.append(tok, self.eos_token_ids, self.max_len)
             if seq.finished:
                 self._finish(seq)
         return batch
+
+    def _matcher(self, seq: Sequence) -> Matcher:
+        if seq.seq_id not in self._matchers:
+            if self.grammar_tokenizer is None:
+                raise ValueError("constraint: this engine has no grammar tokenizer (structured output is off)")
+            self._matchers[seq.seq_id] = Matcher(self.grammar_tokenizer, seq.params.constraint, self.vocab_size)
+        return self._matchers[seq.seq_id]
 
     def _admit(self) -> tuple[list[Sequence], list[int]]:
         """Waiting sequences that get a slot and the blocks for all their tokens, in arrival order. A block
@@ -135,5 +152,6 @@ class AREngine(Engine):
         seq.slot = -1
 
     def _finish(self, seq: Sequence) -> None:
+        self._matchers.pop(seq.seq_id, None)
         self.running.remove(seq)
         self._release(seq)

@@ -125,7 +125,8 @@ class _Events:
 class SpeculativeEngine(Engine):
     def __init__(self, target: Decoder, draft: Decoder, spec: SpecConfig | None = None, max_batch: int = 8,
                  max_len: int | None = None, eos_token_ids: tuple[int, ...] | None = None, kv_tokens: int = 0,
-                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True, cuda_graphs: str = "auto"):
+                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True, cuda_graphs: str = "auto",
+                 grammar_tokenizer=None):
         super().__init__()
         self.spec = spec or SpecConfig()
         cfg = target.cfg
@@ -133,7 +134,8 @@ class SpeculativeEngine(Engine):
             raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's ({cfg.vocab_size})")
         self.max_len = min(cfg.context_length(max_len or 0), draft.cfg.context_length(max_len or 0))
         self.vocab_size = cfg.vocab_size
-        t_worker = TargetWorker(target, max_batch, self.max_len, kv_tokens, block_size, prefix_caching, cuda_graphs)
+        t_worker = TargetWorker(target, max_batch, self.max_len, kv_tokens, block_size, prefix_caching, cuda_graphs,
+                                grammar_tokenizer)
         draft_kv = kv_tokens or default_kv_tokens(max_batch, self.max_len + self.spec.k + 1)
         d_worker = DraftWorker(draft, max_batch, self.max_len, self.spec.k, list(self.spec.fanout), draft_kv,
                                block_size, prefix_caching, cuda_graphs)

@@ -9,6 +9,11 @@ when sampling the sparse proposal q each token was drawn from; None: greedy, one
 the sequence by the worker's own key (`seq`: whatever `prefill` added it as; the handler uses (peer, seq)). The
 accepted tokens and t* are committed here, so the target's KV stays valid for every committed token but the
 last (the next verify writes it).
+
+A constrained sequence (`SamplingParams.constraint`) keeps a grammar `Matcher` advanced by its committed output:
+each position a prefill or verify computes is masked to the grammar (-inf outside it, after the penalties) along
+the drafted tokens, so a drafted token outside the grammar has p = 0 and is rejected, and what is verified is the
+masked distribution autoregressive decoding samples from (`ssd.engine.ar`).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from ssd.constraints import Matcher
 from ssd.models.blocks import PrefixStats
 from ssd.models.cuda_graph import graphed_forward
 from ssd.models.decoder import Decoder, ForwardBatch
@@ -30,6 +36,12 @@ from ssd.engine.verify import verify_greedy_batch, verify_sampling
 from ssd.wire import Outcome, VerifyItem
 
 
+def constrain(logits: torch.Tensor, masks) -> torch.Tensor:
+    """`logits[T, V]` with -inf outside each row's allowed tokens (`masks`: [T, V] bool, a `Matcher`'s)."""
+    allowed = torch.from_numpy(masks).to(logits.device)
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
 @dataclass(slots=True)
 class _TargetSeq:
     tokens: list[int]
@@ -39,6 +51,7 @@ class _TargetSeq:
     generator: torch.Generator | None = field(default=None)
     kv: int = 0     # tokens[:kv] have KV in the cache (0 after preemption: recomputed when next used)
     used: int = 0   # the last forward that used it (preemption takes the least recently used first)
+    matcher: Matcher | None = None   # the constraint's grammar state after tokens[prompt_len:]
 
 
 class TargetWorker:
@@ -48,8 +61,10 @@ class TargetWorker:
     fit runs in chunks. Full blocks of committed tokens are shared through the prefix cache."""
 
     def __init__(self, model: Decoder, max_seqs: int, max_len: int, kv_tokens: int = 0,
-                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True, cuda_graphs: str = "auto"):
+                 block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True, cuda_graphs: str = "auto",
+                 grammar_tokenizer=None):
         self.model = model
+        self.grammar_tokenizer = grammar_tokenizer   # an llguidance tokenizer (ssd.constraints.grammar_tokenizer)
         self.max_len = max_len
         if 0 < kv_tokens < max_len:   # checked before anything is allocated
             raise ValueError(f"a KV cache of {kv_tokens} tokens (--kv-tokens) cannot hold one full context of "
@@ -92,11 +107,13 @@ class TargetWorker:
         self.last_features = {seq_id: blk for (seq_id, *_), blk in zip(requests, blocks)}
         logits = self.model.logits(torch.cat(hidden))
         raw = {b: logits[b:b + 1] for b, s in enumerate(new) if s.params.logprobs is not None}
-        if any(s.params.penalized for s in new):
+        if any(s.params.penalized or s.matcher for s in new):
             logits = logits.float().clone()
             for b, s in enumerate(new):
                 if s.params.penalized:
                     logits[b] = self._penalize(s, logits[b:b + 1], [])[0]
+                if s.matcher:
+                    logits[b:b + 1] = constrain(logits[b:b + 1], s.matcher.masks())
         probs = probs_from_logits(logits, [s.params for s in new])
         firsts = sample(probs, [s.generator for s in new]).tolist()
         for b, s in enumerate(new):   # a coupled row's token is its position's (consumes no stream)
@@ -106,6 +123,8 @@ class TargetWorker:
                               for b, rows in raw.items()}
         for s, t in zip(new, firsts):
             s.tokens.append(t)
+            if s.matcher:
+                s.matcher.commit([t])
         return firsts
 
     def _add(self, requests, ok, problem) -> list[_TargetSeq]:
@@ -118,11 +137,17 @@ class TargetWorker:
                 raise ValueError(f"prompt length must be in 1..{len(tokens)}, got {prompt_len[0]}")
             if params.logit_bias and params.logit_bias[-1][0] >= vocab:
                 raise ValueError(f"logit_bias token ids must lie in [0, {vocab})")
-        for seq_id, tokens, params, *prompt_len in requests:
+            if params.constraint is not None and self.grammar_tokenizer is None:
+                raise ValueError("constraint: this target has no grammar tokenizer (structured output is off)")
+        matchers = [Matcher(self.grammar_tokenizer, params.constraint, vocab) if params.constraint else None
+                    for _, _, params, *_ in requests]   # compiled first: a bad grammar adds nothing
+        for (seq_id, tokens, params, *prompt_len), matcher in zip(requests, matchers):
             if seq_id in self.seqs:
                 raise ValueError(f"sequence {seq_id} already exists on the target")
             seq = _TargetSeq(list(tokens), params, self.cache.allocate(), (prompt_len or [len(tokens)])[0],
-                             make_generator(params.seed))
+                             make_generator(params.seed), matcher=matcher)
+            if matcher:
+                matcher.commit(seq.tokens[seq.prompt_len:])
             self.seqs[seq_id] = seq
             new.append(seq)
         return new
@@ -237,6 +262,8 @@ class TargetWorker:
         for out, it, s in zip(outcomes, items, seqs):
             s.tokens.extend(it.tokens[:out.accepted])
             s.tokens.append(out.token)
+            if s.matcher:
+                s.matcher.commit(list(it.tokens[:out.accepted]) + [out.token])
             if s.kv:   # 0: a later chunk of this call preempted it, so its KV is gone and is recomputed next time
                 s.kv += out.accepted
         self.last_verify_s = time.perf_counter() - t0
@@ -261,12 +288,14 @@ class TargetWorker:
         return outcomes
 
     def _decide(self, items, seqs, logits) -> list[Outcome]:
-        if any(s.params.penalized for s in seqs):
+        if any(s.params.penalized or s.matcher for s in seqs):
             logits = logits.float().clone()
             for b, (it, s) in enumerate(zip(items, seqs)):
+                K = len(it.tokens)
                 if s.params.penalized:
-                    K = len(it.tokens)
                     logits[b, :K + 1] = self._penalize(s, logits[b, :K + 1], list(it.tokens))
+                if s.matcher:
+                    logits[b, :K + 1] = constrain(logits[b, :K + 1], s.matcher.masks(list(it.tokens)))
         B, W = logits.shape[:2]
         outcomes: list[Outcome | None] = [None] * B
         # greedy and coupled rows: accept while the drafted token is the target's own pick (the argmax, or the

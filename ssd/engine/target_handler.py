@@ -22,6 +22,7 @@ import logging
 import time
 
 from ssd import wire
+from ssd.constraints import Constraint
 from ssd.engine.features import FeatureBlock, to_wire
 from ssd.engine.handler import Handler, Sender
 from ssd.engine.target import TargetWorker
@@ -39,7 +40,8 @@ def sampling_params(s: wire.SamplingSpec, vocab: int) -> SamplingParams:
                           presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
                           repetition_penalty=s.repetition_penalty, logit_bias=s.logit_bias, min_tokens=s.min_tokens,
                           stop_token_ids=tuple(s.ending), ignore_eos=True, logprobs=s.logprobs,
-                          seed_stream=s.seed_stream)
+                          seed_stream=s.seed_stream,
+                          constraint=Constraint(s.constraint_kind, s.constraint) if s.constraint_kind else None)
 
 
 class TargetHandler(Handler):

@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 
 from ssd.wire.codec import _SPECS, _items, _wire
 from ssd.wire.features import SEQ_FEATURES
-from ssd.wire.kinds import (FLAG, ID, LOGIT_BIAS, LOGPROBS, PENALTY, PROPOSAL, REPETITION, SECONDS, SEED, TOKEN, TOKENS,
+from ssd.wire.kinds import (FLAG, ID, LOGIT_BIAS, LOGPROBS, PENALTY, PROPOSAL, REPETITION, SECONDS, SEED, STR, TOKEN, TOKENS,
                             UNIT, Row, _Int, _Ints, _List, _Optional, _tuple)
 
 
 @_wire(temperature=SECONDS, top_k=ID, top_p=UNIT, min_p=UNIT, seed=SEED, presence_penalty=PENALTY,
        frequency_penalty=PENALTY, repetition_penalty=REPETITION, logit_bias=LOGIT_BIAS, min_tokens=ID,
-       ending=TOKENS, logprobs=_Optional(_Int(6)), seed_stream=FLAG)
+       ending=TOKENS, logprobs=_Optional(_Int(6)), seed_stream=FLAG,
+       constraint_kind=STR, constraint=STR)
 @dataclass(slots=True)
 class SamplingSpec:
     temperature: float
@@ -35,6 +36,8 @@ class SamplingSpec:
     ending: list[int] = field(default_factory=list)
     logprobs: int | None = None   # answer with each token's logprob and this many alternatives (None: no)
     seed_stream: bool = False     # version 5: the seed starts a stream (else each position's draw is keyed)
+    constraint_kind: str = ""     # version 6: structured output (ssd.constraints.KINDS; "" = none) and its text
+    constraint: str = ""
 
 
 @_wire(seq=ID, logprobs=LOGPROBS, top_ids=_Ints("MAX_ROW_ENTRIES"), top_logprobs=LOGPROBS)
