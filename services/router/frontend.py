@@ -17,6 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from ssd.constraints import Constraint
 from ssd.params import FinishReason, SamplingParams, TokenLogprob, finish_reason
 from ssd.engine.stats import SpecStats
 from ssd.tokenizer import Tokenizer
@@ -123,7 +124,8 @@ class Frontend:
               stop_token_ids=(), ignore_eos: bool = False, presence_penalty: float = 0.0,
               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logit_bias: dict | None = None,
               min_tokens: int = 0, logprobs: int | None = None, mode: str = "", k: int = 0, request_id: str = "",
-              timeout_s: float | None = None, n: int = 1, best_of: int | None = None) -> GenerationRequest:
+              timeout_s: float | None = None, n: int = 1, best_of: int | None = None,
+              constraint: Constraint | None = None) -> GenerationRequest:
         lim = self.limits
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
             raise ValueError(f"n: must be an integer in 1..{MAX_CHOICES}, got {n!r}")
@@ -171,7 +173,7 @@ class Frontend:
                                     ignore_eos=ignore_eos, presence_penalty=presence_penalty,
                                     frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
                                     logit_bias=logit_bias, min_tokens=min_tokens, logprobs=logprobs,
-                                    seed_stream=seed_stream)
+                                    seed_stream=seed_stream, constraint=constraint)
         except ValueError as e:
             raise ValueError(re.sub(r"^SamplingParams\.(\w+) ", r"\1: ", str(e))) from None
         deadline = time.monotonic() + timeout_s if timeout_s is not None else None
@@ -245,15 +247,18 @@ class Frontend:
                 "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
                 "repetition_penalty": p.repetition_penalty, "logit_bias": [list(b) for b in p.logit_bias],
                 "min_tokens": p.min_tokens, "logprobs": p.logprobs, "stop": list(g.stop), "mode": g.mode, "k": g.k,
-                "seed_stream": p.seed_stream}
+                "seed_stream": p.seed_stream,
+                "constraint": [p.constraint.kind, p.constraint.text] if p.constraint else None}
 
     def resumed(self, record, skip: int, timeout_s: float | None = None) -> GenerationRequest:
         """The request a journal record describes, continuing after its committed tokens; the client has the
         first `skip` of them."""
         p = dict(record.params)
         stop, mode, k = tuple(p.pop("stop")), p.pop("mode"), p.pop("k")
+        constraint = p.pop("constraint", None)
         params = SamplingParams(**{**p, "stop_token_ids": tuple(p["stop_token_ids"]),
-                                   "logit_bias": tuple(tuple(b) for b in p.get("logit_bias", ()))})
+                                   "logit_bias": tuple(tuple(b) for b in p.get("logit_bias", ())),
+                                   "constraint": Constraint(*constraint) if constraint else None})
         deadline = time.monotonic() + timeout_s if timeout_s is not None else None
         finished = FinishReason(record.finish) if record.finish else None
         return GenerationRequest(record.request_id, list(record.prompt), params, stop, mode, k, deadline,

@@ -8,24 +8,27 @@ The same holds inside `stream_options`, `speculation` and each chat message. No 
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
+from ssd.constraints import Constraint
 from ssd.params import MAX_LOGPROBS
 
 NUMBER, INT, BOOL, STR, LIST, OBJECT, STOP = (int, float), (int,), (bool,), (str,), (list,), (dict,), (str, list)
 WHAT = {NUMBER: "a number", INT: "an integer", BOOL: "a boolean", STR: "a string", LIST: "a list",
-        OBJECT: "an object", STOP: "a string or a list of strings"}
+        OBJECT: "an object", STOP: "a string or a list of strings", (dict, str): "an object or a string"}
 
 # read by `parse`, on both endpoints or on one
 HONOURED = frozenset({"model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
                       "seed_stream", "stop",
                       "stop_token_ids", "ignore_eos", "max_tokens", "user", "speculation", "presence_penalty",
-                      "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "logprobs", "n"})
+                      "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "logprobs", "n",
+                      "response_format", "guided_json", "guided_regex"})
 CHAT_ONLY = frozenset({"messages", "max_completion_tokens", "top_logprobs"})
 COMPLETION_ONLY = frozenset({"prompt", "best_of"})
 # accepted at exactly these values, which change nothing (best_of 1 on chat, as vLLM's chat accepts it)
-NO_OP = {"best_of": (1,), "echo": (False,), "suffix": ("",), "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
+NO_OP = {"best_of": (1,), "echo": (False,), "suffix": ("",), "tools": ([],), "tool_choice": ("none",),
          "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",), "store": (False,),
          "service_tier": ("auto", "default"), "modalities": (["text"],), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
          "include_stop_str_in_output": (False,), "add_generation_prompt": (True,), "add_special_tokens": (False,),
@@ -34,7 +37,7 @@ NO_OP = {"best_of": (1,), "echo": (False,), "suffix": ("",), "response_format": 
 # known (OpenAI's or vLLM's) but not implemented here: refused at any value outside NO_OP
 UNSUPPORTED = frozenset(NO_OP) | {
     "audio", "prediction", "reasoning_effort", "web_search_options", "metadata", "verbosity", "prompt_cache_key",
-    "safety_identifier", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+    "safety_identifier", "guided_choice", "guided_grammar", "guided_decoding_backend",
     "guided_whitespace_pattern", "structured_outputs", "allowed_token_ids", "bad_words", "prompt_logprobs",
     "truncate_prompt_tokens", "chat_template", "chat_template_kwargs", "documents", "request_id",
     "mm_processor_kwargs", "cache_salt", "kv_transfer_params", "vllm_xargs"}
@@ -139,9 +142,56 @@ def parse(body: dict, chat: bool) -> Parsed:
                  logit_bias=_logit_bias(get(body, "logit_bias", OBJECT, {})),
                  min_tokens=get(body, "min_tokens", INT, 0), logprobs=logprobs, n=get(body, "n", INT, 1),
                  best_of=best_of, mode=get(spec, "mode", STR, "", "speculation.mode"),
-                 k=get(spec, "k", INT, 0, "speculation.k"))
+                 k=get(spec, "k", INT, 0, "speculation.k"), constraint=constraint(body))
     return Parsed(build, stream,
                   get(opts, "include_usage", BOOL, False, "stream_options.include_usage"), get(body, "user", STR))
+
+
+RESPONSE_FORMAT = {"type": None, "json_schema": None}
+JSON_SCHEMA = {"name": None, "schema": None, "strict": None, "description": None}
+
+
+def constraint(body: dict) -> Constraint | None:
+    """Structured output from `response_format` (OpenAI's text, json_object, json_schema) or vLLM's `guided_json`
+    (a schema, as an object or its JSON text) and `guided_regex`: at most one of them; the grammar is compiled
+    here, so a bad schema or pattern is a 400 naming the field."""
+    given = [name for name in ("response_format", "guided_json", "guided_regex") if body.get(name) is not None]
+    if len(given) > 1:
+        raise ValueError(f"{given[1]}: cannot be used with {given[0]}")
+    if not given:
+        return None
+    name = given[0]
+    if name == "response_format":
+        fmt = get(body, name, OBJECT)
+        _check_object(fmt, RESPONSE_FORMAT, name)
+        kind = get(fmt, "type", STR, None, "response_format.type")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            found = Constraint("json_object")
+        elif kind == "json_schema":
+            spec = get(fmt, "json_schema", OBJECT, None, "response_format.json_schema")
+            if spec is None:
+                raise ValueError("response_format.json_schema: is required with type json_schema")
+            _check_object(spec, JSON_SCHEMA, "response_format.json_schema")
+            get(spec, "name", STR, None, "response_format.json_schema.name")
+            get(spec, "strict", BOOL, None, "response_format.json_schema.strict")
+            schema = get(spec, "schema", OBJECT, None, "response_format.json_schema.schema")
+            if schema is None:
+                raise ValueError("response_format.json_schema.schema: is required")
+            found, name = Constraint("json_schema", json.dumps(schema)), "response_format.json_schema.schema"
+        else:
+            raise ValueError(f"response_format.type: must be text, json_object or json_schema, got {kind!r}")
+    elif name == "guided_json":
+        schema = get(body, name, (dict, str))
+        found = Constraint("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+    else:
+        found = Constraint("regex", get(body, name, STR))
+    try:
+        found.validate()
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+    return found
 
 
 def _logit_bias(bias: dict) -> dict[int, float]:

@@ -30,7 +30,7 @@ def target_role(cfg: TargetConfig, folder: Path) -> Role:
             model, worker, close = load_leader(folder, settings, cfg.tp_size)
         else:
             model, close = load_plain(cfg, folder), None
-            worker = build_target(model, settings)
+            worker = build_target(model, settings, folder)
         return Loaded(model, worker, model.cfg.hidden_size, close)   # its features are its hidden states
 
     return Role("target", folder, load, TargetHandler, check=lambda: tp_problem(cfg.tp_size, folder))

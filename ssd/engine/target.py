@@ -64,7 +64,7 @@ class TargetWorker:
                  block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True, cuda_graphs: str = "auto",
                  grammar_tokenizer=None):
         self.model = model
-        self.grammar_tokenizer = grammar_tokenizer   # an llguidance tokenizer (ssd.constraints.grammar_tokenizer)
+        self._grammar = grammar_tokenizer   # an llguidance tokenizer, or a function that makes it (on first use)
         self.max_len = max_len
         if 0 < kv_tokens < max_len:   # checked before anything is allocated
             raise ValueError(f"a KV cache of {kv_tokens} tokens (--kv-tokens) cannot hold one full context of "
@@ -83,6 +83,13 @@ class TargetWorker:
         self._forwards = 0
         self.last_features: dict = {}   # seq_id -> FeatureBlock of the last prefill/verify (with features=True)
         self.last_logprobs: dict = {}   # seq_id -> [TokenLogprob] of the tokens the last prefill/verify committed
+
+    def _grammar_tokenizer(self):
+        if self._grammar is None:
+            raise ValueError("constraint: this target has no grammar tokenizer (structured output is off)")
+        if callable(self._grammar):
+            self._grammar = self._grammar()
+        return self._grammar
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.seqs
@@ -137,9 +144,7 @@ class TargetWorker:
                 raise ValueError(f"prompt length must be in 1..{len(tokens)}, got {prompt_len[0]}")
             if params.logit_bias and params.logit_bias[-1][0] >= vocab:
                 raise ValueError(f"logit_bias token ids must lie in [0, {vocab})")
-            if params.constraint is not None and self.grammar_tokenizer is None:
-                raise ValueError("constraint: this target has no grammar tokenizer (structured output is off)")
-        matchers = [Matcher(self.grammar_tokenizer, params.constraint, vocab) if params.constraint else None
+        matchers = [Matcher(self._grammar_tokenizer(), params.constraint, vocab) if params.constraint else None
                     for _, _, params, *_ in requests]   # compiled first: a bad grammar adds nothing
         for (seq_id, tokens, params, *prompt_len), matcher in zip(requests, matchers):
             if seq_id in self.seqs:

@@ -13,19 +13,23 @@ sent; a follower that dies makes the leader exit with code 1.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import multiprocessing as mp
 import os
 import secrets
 import threading
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ssd import tp_wire, wire
+from ssd.constraints import grammar_tokenizer
 from ssd.engine.target import TargetWorker
 from ssd.models.parallel import TPGroup, free_port
+from ssd.tokenizer import Tokenizer
 
 log = logging.getLogger("ssd.tp")
 
@@ -33,10 +37,16 @@ SETTINGS = ("log_level", "cpus", "threads", "max_seqs", "max_len", "kv_tokens", 
             "dtype")
 
 
-def build_target(model, s: dict) -> TargetWorker:
-    """The target's worker from its settings (the same on every rank)."""
+def build_target(model, s: dict, folder=None) -> TargetWorker:
+    """The target's worker from its settings (the same on every rank); with the model `folder`, constrained
+    requests are served (its tokenizer is wrapped for the grammar engine on the first one)."""
+    grammar = None
+    if folder is not None and (Path(folder) / "tokenizer.json").is_file():
+        eos = tuple(sorted(Tokenizer.from_folder(folder).eos_token_ids))
+        grammar = functools.partial(grammar_tokenizer, str(folder), model.cfg.vocab_size, eos)
     return TargetWorker(model, s["max_seqs"], model.cfg.context_length(s["max_len"], strict=True),
-                        s["kv_tokens"], s["block_size"], cuda_graphs=s.get("cuda_graphs", "auto"))
+                        s["kv_tokens"], s["block_size"], cuda_graphs=s.get("cuda_graphs", "auto"),
+                        grammar_tokenizer=grammar)
 
 
 def init_rank(rank: int, size: int, port: int, device: str = "cpu") -> TPGroup:
@@ -158,7 +168,7 @@ def follower_main(rank: int, size: int, port: int, folder: str, settings: dict) 
 
     tp = init_rank(rank, size, port)
     worker = build_target(load_model(folder, dtype=getattr(torch, settings.get("dtype", "float32")), tp=tp),
-                          settings)
+                          settings, folder)
     log.info("tensor-parallel rank %d of %d ready", rank, size)
     try:
         follow(worker, OpChannel())
@@ -234,6 +244,6 @@ def load_leader(folder, settings: dict, size: int):
     tp = followers.init_leader()
     channel = OpChannel()
     model = load_model(folder, dtype=getattr(torch, settings.get("dtype", "float32")), tp=tp)
-    worker = MirroredTarget(build_target(model, settings), channel)
+    worker = MirroredTarget(build_target(model, settings, folder), channel)
     log.info("tensor parallel over %d ranks", size)
     return model, worker, lambda: followers.stop(channel)

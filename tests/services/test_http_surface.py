@@ -35,8 +35,9 @@ def client(served):
 
 
 REFUSED = [  # (endpoint body, extra fields, the param the 400 names)
-    (CHAT, {"guided_json": {"type": "object"}}, "guided_json"),
-    (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT, {"guided_json": 3}, "guided_json"),
+    (CHAT, {"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    (CHAT, {"guided_choice": ["a", "b"]}, "guided_choice"),
     (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     (CHAT, {"tool_choice": "required"}, "tool_choice"),
     (CHAT, {"n": 0}, "n"),
@@ -87,8 +88,8 @@ def test_fields_at_the_value_that_changes_nothing_are_accepted(served, base, ext
 def test_the_openai_client_sees_a_refused_field_by_name(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
-                                       extra_body={"guided_regex": "[0-9]+"})
-    assert e.value.param == "guided_regex" and "not supported" in e.value.message
+                                       extra_body={"guided_grammar": "start: /a/"})
+    assert e.value.param == "guided_grammar" and "not supported" in e.value.message
 
 
 def test_model_by_id_and_unknown_ids(client, served):

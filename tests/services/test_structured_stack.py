@@ -1,0 +1,52 @@
+"""Structured output through the real stack over HTTP (the openai client): a chat with response_format json_schema
+returns the same JSON in ar and ssd (greedy), which parses and validates against the schema, and finishes
+("stop") where the grammar ends; vLLM's guided_regex holds too; a bad schema or pattern is a 400 naming the
+field."""
+import json
+import re
+
+import jsonschema
+import openai
+import pytest
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                           "population": {"type": "integer", "minimum": 0, "maximum": 99999999}},
+          "required": ["city", "population"], "additionalProperties": False}
+MESSAGES = [{"role": "user", "content": "Give the capital of France and its population as JSON."}]
+
+
+@pytest.fixture(scope="module")
+def client(stack):
+    return openai.OpenAI(base_url=f"http://{stack.http_address}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_json_schema_chat_parses_and_is_the_same_in_ar_and_ssd(client):
+    model = client.models.list().data[0].id
+    fmt = {"type": "json_schema", "json_schema": {"name": "capital", "schema": SCHEMA, "strict": True}}
+    outs = [client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=24, temperature=0,
+                                           response_format=fmt, extra_body={"speculation": {"mode": mode}})
+            for mode in ("ar", "ssd")]
+    assert outs[0].choices[0].message.content == outs[1].choices[0].message.content
+    for out in outs:
+        assert out.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(out.choices[0].message.content), SCHEMA)
+
+
+def test_guided_regex_completion_matches_its_pattern(client):
+    out = client.completions.create(model=client.models.list().data[0].id, prompt="Is the sky blue? Answer:",
+                                    max_tokens=8, temperature=0,
+                                    extra_body={"guided_regex": " (yes|no)", "speculation": {"mode": "sd"}})
+    assert re.fullmatch(" (yes|no)", out.choices[0].text) and out.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"guided_regex": "("}, "guided_regex"),
+])
+def test_a_bad_constraint_is_a_400_naming_the_field(client, body, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES, max_tokens=4,
+                                       extra_body=body)
+    assert e.value.param == param
