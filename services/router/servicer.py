@@ -20,6 +20,7 @@ from services.router import choices
 from services.router.auth import ApiKeys
 from services.router.frontend import Delta, Frontend
 from services.router.journal import Fenced, JournalUnavailable, RequestJournal, fingerprint
+from ssd.constraints import Constraint
 from ssd.params import FinishReason
 from ssd.pb import generation_pb2 as pb
 from ssd.pb import generation_pb2_grpc as pb_grpc
@@ -51,7 +52,19 @@ def request_fields(request) -> dict:
                 repetition_penalty=s.repetition_penalty or 1.0, logit_bias=dict(s.logit_bias),
                 min_tokens=request.min_tokens, logprobs=request.logprobs if request.HasField("logprobs") else None,
                 mode="ar" if spec.off else spec.mode, k=spec.k, request_id=request.request_id, n=request.n or 1,
-                best_of=request.best_of or None)
+                best_of=request.best_of or None, constraint=constraint(request))
+
+
+def constraint(request) -> Constraint | None:
+    """GenerateRequest.constraint, compiled (ValueError naming the field when it is bad)."""
+    if not request.HasField("constraint"):
+        return None
+    try:
+        found = Constraint(request.constraint.kind, request.constraint.text)
+        found.validate()
+    except ValueError as err:
+        raise ValueError(f"constraint: {err}") from None
+    return found
 
 
 def logprobs_pb(logprobs) -> list[pb.TokenLogprob]:

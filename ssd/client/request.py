@@ -40,7 +40,7 @@ def build_request(prompt: str | list[int] | list[dict] | None = None, *, chat: b
                   frequency_penalty: float = 0.0, repetition_penalty: float = 0.0,
                   logit_bias: dict[int, float] | None = None, min_tokens: int = 0,
                   logprobs: int | None = None, n: int | None = None,
-                  best_of: int | None = None) -> pb.GenerateRequest:
+                  best_of: int | None = None, constraint: tuple[str, str] | None = None) -> pb.GenerateRequest:
     """The GenerateRequest for a prompt and options. The prompt is raw text (one user chat message when
     chat=True), token ids, or chat messages ({"role", "content"} dicts), which `messages=` may give instead.
     Penalties and biases (`repetition_penalty` 0 = off, like 1) are the target's, applied at every position.
@@ -48,7 +48,8 @@ def build_request(prompt: str | list[int] | list[dict] | None = None, *, chat: b
     `seed_stream=True` seeds one random stream instead (reproducible for one mode and K; a little more acceptance).
     `logprobs` = N: each token's log-probability and its N most probable alternatives (None: none).
     `n` choices (1..16; each its own sequence, choice i seeded with seed + i), the best n of `best_of` candidates
-    by cumulative logprob (n..16)."""
+    by cumulative logprob (n..16). `constraint` = (kind, text): structured output, kind json_object (text ""),
+    json_schema (the schema's JSON), regex or lark; the server compiles it."""
     for name, value, low in (("n", n, 1), ("best_of", best_of, max(1, n or 1))):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= 16):
             raise InvalidRequestError("INVALID_ARGUMENT", f"{name}: must be an integer in {low}..16, got {value!r}")
@@ -60,6 +61,10 @@ def build_request(prompt: str | list[int] | list[dict] | None = None, *, chat: b
           presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
           repetition_penalty=repetition_penalty, logit_bias=dict(logit_bias or {}))
     _fill(req.speculation, "speculation.", mode=mode, k=k, off=speculation_off)
+    if constraint is not None:
+        kind, text = constraint
+        _fill(req.constraint, "constraint.", kind=kind, text=text)
+        req.constraint.SetInParent()
     if messages is not None and prompt is not None:
         raise InvalidRequestError("INVALID_ARGUMENT", "prompt: give a prompt or messages, not both")
     if messages is not None:

@@ -1,13 +1,15 @@
 """Structured output through the real stack over HTTP (the openai client): a chat with response_format json_schema
 returns the same JSON in ar and ssd (greedy), which parses and validates against the schema, and finishes
 ("stop") where the grammar ends; vLLM's guided_regex holds too; a bad schema or pattern is a 400 naming the
-field."""
+field; over gRPC (the SDK) GenerateRequest.constraint does the same, INVALID_ARGUMENT naming it."""
 import json
 import re
 
 import jsonschema
 import openai
 import pytest
+
+from ssd.client import Client, InvalidRequestError
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                            "population": {"type": "integer", "minimum": 0, "maximum": 99999999}},
@@ -50,3 +52,12 @@ def test_a_bad_constraint_is_a_400_naming_the_field(client, body, param):
         client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES, max_tokens=4,
                                        extra_body=body)
     assert e.value.param == param
+
+
+def test_grpc_constraint_through_the_sdk(stack):
+    with Client(stack.grpc_address, timeout=300) as client:
+        out = client.generate(MESSAGES, max_tokens=24, mode="ssd", constraint=("json_schema", json.dumps(SCHEMA)))
+        with pytest.raises(InvalidRequestError, match="constraint: invalid regex"):
+            client.generate("Hi", max_tokens=4, constraint=("regex", "("))
+    assert out.finish_reason == "eos"
+    jsonschema.validate(json.loads(out.text), SCHEMA)
