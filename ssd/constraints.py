@@ -22,6 +22,8 @@ import llguidance
 import numpy as np
 
 KINDS = ("json_object", "json_schema", "regex", "lark")
+# JSON in json.dumps's layout: ", " and ": ", no other whitespace (a small model would otherwise pad it with newlines)
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 MAX_TEXT = 1 << 16   # characters of a schema, regex or grammar
 
 
@@ -40,12 +42,12 @@ class Constraint:
         """The llguidance grammar; ValueError naming the problem when the schema, regex or grammar is invalid."""
         try:
             if self.kind == "json_object":
-                grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "object"})
+                grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, JSON_LAYOUT)
             elif self.kind == "json_schema":
                 schema = json.loads(self.text)
                 if not isinstance(schema, dict):
                     raise ValueError("the schema must be a JSON object")
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, JSON_LAYOUT)
             elif self.kind == "regex":
                 grammar = llguidance.LLMatcher.grammar_from_regex(self.text)
             else:

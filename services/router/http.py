@@ -188,7 +188,7 @@ class HttpServer:
         if p.user is not None:
             log.debug("request %s from user %r", rid, p.user)
         reply = Reply(chat, rid, self.model_name, int(time.time()),
-                      self.frontend.tok if g.params.logprobs is not None else None)
+                      self.frontend.tok if g.params.logprobs is not None else None, tools=p.tools)
         items = choices.astream(self.frontend, g)
         async with contextlib.aclosing(items):   # leaving early (or being cancelled) aborts the request
             index, item = await anext(items)     # submit's ValueError surfaces here, before any header is sent

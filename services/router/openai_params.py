@@ -24,11 +24,12 @@ HONOURED = frozenset({"model", "stream", "stream_options", "temperature", "top_p
                       "seed_stream", "stop",
                       "stop_token_ids", "ignore_eos", "max_tokens", "user", "speculation", "presence_penalty",
                       "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "logprobs", "n",
-                      "response_format", "guided_json", "guided_regex"})
+                      "response_format", "guided_json", "guided_regex",
+                      "tools", "tool_choice"})
 CHAT_ONLY = frozenset({"messages", "max_completion_tokens", "top_logprobs"})
 COMPLETION_ONLY = frozenset({"prompt", "best_of"})
 # accepted at exactly these values, which change nothing (best_of 1 on chat, as vLLM's chat accepts it)
-NO_OP = {"best_of": (1,), "echo": (False,), "suffix": ("",), "tools": ([],), "tool_choice": ("none",),
+NO_OP = {"best_of": (1,), "echo": (False,), "suffix": ("",),
          "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",), "store": (False,),
          "service_tier": ("auto", "default"), "modalities": (["text"],), "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
          "include_stop_str_in_output": (False,), "add_generation_prompt": (True,), "add_special_tokens": (False,),
@@ -102,13 +103,25 @@ class Parsed:
     stream: bool
     include_usage: bool
     user: str | None = None
+    tools: bool = False   # the output is a tool call (tool_choice required or named): answer with tool_calls
 
 
 def parse(body: dict, chat: bool) -> Parsed:
     """An OpenAI request body -> Frontend.build arguments; raises ValueError("field: ...")."""
     check_fields(body, chat)
+    calling = False
     if chat:
         prompt = {"messages": messages(get(body, "messages", LIST))}
+        call = tool_call(body)
+        if call is not None:
+            for name in ("response_format", "guided_json", "guided_regex"):
+                if body.get(name) is not None:
+                    raise ValueError(f"{name}: cannot be used with tools")
+            if get(body, "stream", BOOL, False):
+                raise ValueError("stream: not supported with tools (the tool call is answered whole)")
+            prompt["messages"], schema = call
+            body = {**body, "guided_json": schema}
+            calling = True
         max_tokens = get(body, "max_completion_tokens", INT)
         max_tokens = get(body, "max_tokens", INT) if max_tokens is None else max_tokens
         top = get(body, "top_logprobs", INT, 0)
@@ -144,7 +157,61 @@ def parse(body: dict, chat: bool) -> Parsed:
                  best_of=best_of, mode=get(spec, "mode", STR, "", "speculation.mode"),
                  k=get(spec, "k", INT, 0, "speculation.k"), constraint=constraint(body))
     return Parsed(build, stream,
-                  get(opts, "include_usage", BOOL, False, "stream_options.include_usage"), get(body, "user", STR))
+                  get(opts, "include_usage", BOOL, False, "stream_options.include_usage"), get(body, "user", STR),
+                  calling)
+
+
+TOOL_PROMPT = ("You can call the following functions. Answer with one call, as a JSON object "
+               '{{"name": <function name>, "arguments": <its arguments>}} and nothing else.\n{tools}')
+
+
+def tool_call(body: dict) -> tuple[list, dict] | None:
+    """`tools` with `tool_choice` required or a named function: the messages with the tools described in a system
+    message (SmolLM2's chat template has no tools), and the JSON schema of a call. None: no tool call to make
+    (no tools, or tool_choice none). `auto` is refused: the grammar would have to allow free text too."""
+    tools = get(body, "tools", LIST, [])
+    choice = body.get("tool_choice")
+    if not tools:
+        if choice not in (None, "none"):
+            raise ValueError("tool_choice: needs tools")
+        return None
+    functions = {}
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            raise ValueError(f"tools[{i}]: must be {{type: function, function: {{name, parameters}}}}")
+        _check_object(t, {"type": None, "function": None}, f"tools[{i}]")
+        fn = t["function"]
+        _check_object(fn, {"name": None, "description": None, "parameters": None, "strict": None},
+                      f"tools[{i}].function")
+        name = get(fn, "name", STR, None, f"tools[{i}].function.name")
+        if not name or name in functions:
+            raise ValueError(f"tools[{i}].function.name: must be a non-empty name, each once")
+        get(fn, "description", STR, None, f"tools[{i}].function.description")
+        functions[name] = {"name": name, "description": fn.get("description") or "",
+                           "parameters": get(fn, "parameters", OBJECT, {"type": "object"},
+                                             f"tools[{i}].function.parameters")}
+    if choice == "none":
+        return None
+    if choice in (None, "auto"):
+        raise ValueError("tool_choice: auto (the default with tools) is not supported; give required or "
+                         "{type: function, function: {name}}")
+    if choice == "required":
+        names = list(functions)
+    elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict) \
+            and choice["function"].get("name") in functions and set(choice) == {"type", "function"}:
+        names = [choice["function"]["name"]]
+    else:
+        raise ValueError("tool_choice: must be none, required or {type: function, function: {name}} naming a tool")
+    calls = [{"type": "object", "properties": {"name": {"const": n}, "arguments": functions[n]["parameters"]},
+              "required": ["name", "arguments"], "additionalProperties": False} for n in names]
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    system = TOOL_PROMPT.format(tools=json.dumps([functions[n] for n in names]))
+    msgs = list(messages(get(body, "messages", LIST)))
+    if msgs and msgs[0]["role"] == "system":
+        msgs[0] = {"role": "system", "content": msgs[0]["content"] + "\n\n" + system}
+    else:
+        msgs.insert(0, {"role": "system", "content": system})
+    return msgs, schema
 
 
 RESPONSE_FORMAT = {"type": None, "json_schema": None}

@@ -9,6 +9,8 @@ last chunk of each carries that choice's `ssd`. No torch here.
 """
 from __future__ import annotations
 
+import json
+import uuid
 from dataclasses import dataclass, field
 
 from ssd.engine.stats import SpecStats
@@ -56,6 +58,7 @@ class Reply:
     created: int
     tok: Tokenizer | None = None
     offsets: dict[int, int] = field(default_factory=dict, repr=False)   # per choice: text_offset of its next token
+    tools: bool = False   # each finished choice's text is a tool call {name, arguments}: answered as tool_calls
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -67,6 +70,12 @@ class Reply:
         for i, (text, f, logprobs) in enumerate(choices):
             choice = {"index": i, "finish_reason": _finish(f), "logprobs": self.logprobs(logprobs, i)}
             choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+            if self.tools and f.reason is not FinishReason.LENGTH:   # the grammar ended: the text is one call
+                call = json.loads(text)
+                choice["message"] = {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                     "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]}
+                choice["finish_reason"] = "tool_calls"
             out.append(choice | ({"ssd": _ssd(f)} if len(choices) > 1 else {}))
         finals = [f for _, f, _ in choices]
         return {**self._head(False), "choices": out, "usage": _usage(finals),

@@ -38,7 +38,9 @@ REFUSED = [  # (endpoint body, extra fields, the param the 400 names)
     (CHAT, {"guided_json": 3}, "guided_json"),
     (CHAT, {"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     (CHAT, {"guided_choice": ["a", "b"]}, "guided_choice"),
-    (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),   # auto
+    (CHAT, {"tools": [{"type": "function", "function": {"name": "f", "x": 1}}], "tool_choice": "required"},
+     "tools[0].function.x"),
     (CHAT, {"tool_choice": "required"}, "tool_choice"),
     (CHAT, {"n": 0}, "n"),
     (CHAT, {"n": 17}, "n"),

@@ -61,3 +61,25 @@ def test_grpc_constraint_through_the_sdk(stack):
             client.generate("Hi", max_tokens=4, constraint=("regex", "("))
     assert out.finish_reason == "eos"
     jsonschema.validate(json.loads(out.text), SCHEMA)
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                            "parameters": {"type": "object",
+                                                           "properties": {"city": {"type": "string", "maxLength": 12}},
+                                                           "required": ["city"], "additionalProperties": False}}}
+
+
+def test_a_named_tool_choice_answers_tool_calls_that_the_openai_types_parse(client):
+    out = client.chat.completions.create(
+        model=client.models.list().data[0].id, max_tokens=24, temperature=0,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}], tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    with pytest.raises(openai.BadRequestError) as e:   # auto would need free text or a call: refused
+        client.chat.completions.create(model=out.model, max_tokens=4, tools=[WEATHER],
+                                       messages=[{"role": "user", "content": "Hi"}])
+    assert e.value.param == "tool_choice"
