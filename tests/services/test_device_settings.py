@@ -13,6 +13,7 @@ from ssd.client import Client
 from ssd.control import describe
 from ssd.models.parallel import free_port
 from ssd.worker.service import WorkerConfig, device_problem
+from tests.services.conftest import accepted_drafts
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -50,8 +51,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def test_a_bfloat16_stack_matches_bfloat16_ar_and_halves_the_kv_bytes(default_models, chat_prompts, tmp_path,
-                                                                      assert_speculated):
+def test_a_bfloat16_stack_matches_bfloat16_ar_and_halves_the_kv_bytes(default_models, chat_prompts, tmp_path):
     """bf16 batched kernels may legitimately differ from one-token forwards at near-ties (design.md): the ssd
     outputs are compared with in-process bf16 AR, a divergence is reported with where it began, and most tokens
     must agree (a verifier that accepts wrong drafts leaves AR at the first rejection). AR through the stack is held
@@ -80,7 +80,7 @@ def test_a_bfloat16_stack_matches_bfloat16_ar_and_halves_the_kv_bytes(default_mo
     assert all(len(r.token_ids) == n for r in out["ar"])
     assert sum(ar_agree) >= 0.75 * n * len(prompts), (ar_agree, [r.token_ids for r in out["ar"]], reference)
     # drafts were accepted; cache hits are not required here: a bf16 draft on this CPU can be late every round
-    assert sum(r.completion_tokens - 1 - r.stats.rounds for r in out["ssd"]) > 0
+    assert accepted_drafts(out["ssd"]) > 0
     agree = [common_prefix(r.token_ids, ref) for r, ref in zip(out["ssd"], reference)]
     if sum(agree) < n * len(prompts):
         warnings.warn(f"bfloat16 ssd left bfloat16 AR after {agree} of {n} tokens (prompts 0-{len(prompts) - 1})")
