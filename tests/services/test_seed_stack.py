@@ -52,6 +52,7 @@ def test_a_seeded_request_gives_the_targets_tokens_in_every_mode_and_k_under_loa
     assert {name: r.token_ids for name, r in runs.items()} == {name: seeded_reference for name in runs}
     # the drafts' coupled proposals were accepted, not only the target's own draws
     assert accepted_drafts([r for name, r in runs.items() if not name.startswith("ar")]) > 0
+    assert sum(r.stats.cache_hits for name, r in runs.items() if name.startswith("ssd")) > 0   # SSD's cache served
 
 
 def test_a_seed_reproduces_over_http_and_seed_stream_is_honoured(stack, chat_prompts, seeded_reference, default_models):
