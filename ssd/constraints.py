@@ -13,6 +13,7 @@ dependencies, so the router can import it).
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -69,6 +70,17 @@ def grammar_tokenizer(folder: str | Path, vocab_size: int, eos_token_ids: tuple[
     return llguidance.LLTokenizer(text, n_vocab=vocab_size, eos_token=list(eos_token_ids))
 
 
+def grammar_for(folder, vocab_size: int):
+    """A function that wraps the tokenizer of the model in `folder` for llguidance when first called (~0.5 s), or
+    None when the folder has no tokenizer.json (that worker then serves no grammar)."""
+    if folder is None or not (Path(folder) / "tokenizer.json").is_file():
+        return None
+    from ssd.tokenizer import Tokenizer
+
+    eos = tuple(sorted(Tokenizer.from_folder(folder).eos_token_ids))
+    return functools.partial(grammar_tokenizer, str(folder), vocab_size, eos)
+
+
 class Matcher:
     """One sequence's grammar state, advanced by its committed output tokens."""
 
@@ -90,7 +102,9 @@ class Matcher:
         rows, consumed = [], 0
         for tok in drafted:
             rows.append(self._mask())
-            if not rows[-1][tok] or not self._m.consume_token(tok):
+            # once the grammar has ended only EOS is allowed, and nothing after it is consumed (a stopped matcher
+            # takes EOS again without recording it, so it must not be counted for the rollback)
+            if self._m.is_stopped() or not rows[-1][tok] or not self._m.consume_token(tok):
                 break
             consumed += 1
         if consumed == len(drafted):
@@ -100,6 +114,21 @@ class Matcher:
         if consumed:
             self._m.rollback(consumed)
         return np.stack(rows)
+
+    def mask_after(self, path) -> np.ndarray | None:
+        """[V] bool: the tokens allowed after the committed ones and `path`; None when `path` leaves the grammar or
+        runs past its end (a position that is never reached: the target rejects the first invalid token, and a
+        sequence ends at EOS). For a draft: its proposals at speculated positions, steered by the target's grammar."""
+        consumed = 0
+        try:
+            for tok in path:
+                if self._m.is_stopped() or self._m.try_consume_tokens([tok]) != 1:
+                    return None
+                consumed += 1
+            return None if self._m.is_error() else self._mask()
+        finally:
+            if consumed:
+                self._m.rollback(consumed)
 
     def commit(self, tokens: list[int]) -> None:
         for tok in tokens:

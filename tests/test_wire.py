@@ -21,7 +21,7 @@ SAMPLING = SamplingSpec(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, seed=2
                         min_tokens=3, ending=[2, 7], seed_stream=True)
 DRAFT_PARAMS = DraftParamsSpec(temperature=1.0, top_k=32, saguaro_c=0.5, saguaro_f=3, seed=None)
 COUPLED = DraftParamsSpec(temperature=0.5, top_k=4, saguaro_c=1.0, saguaro_f=0, seed=9, coupled=True, top_p=0.5,
-                          min_p=0.25)
+                          min_p=0.25, constraint_kind="regex", constraint="[0-9]+")
 HALVES = np.array([[0.5, -1.0, 2.0], [65504.0, 0.0, -0.25]], "<f2").tobytes()   # two float16 rows of 3
 
 EXAMPLES = [
@@ -42,7 +42,7 @@ EXAMPLES = [
                                                                                             -3.0, -17.0])]),
     DraftAdd(items=[DraftAddItem(seq=1, tokens=[1, 2, 3, 42], params=DRAFT_PARAMS, features=(0, HALVES)),
                     DraftAddItem(seq=2, tokens=[1], params=DRAFT_PARAMS, features=None),
-                    DraftAddItem(seq=3, tokens=[5], params=COUPLED)]),
+                    DraftAddItem(seq=3, tokens=[5, 6], params=COUPLED, prompt_len=1)]),
     DraftRound(items=[DraftRoundItem(seq=1, round=3, delta=[11], spec=[3, 17, 40, 0], features=(4, HALVES))],
                fanout=[3, 2, 2, 1]),
     CacheEntries(seq=1, round=4, entries=[CacheEntry(accepted=0, token=3, tokens=[17, 40], proposal=[ROW_A, ROW_A]),
@@ -154,7 +154,7 @@ def test_oversized_payload_is_refused_before_unpacking():
 
 
 def test_wrong_version_names_both_versions():
-    assert PROTOCOL_VERSION == 6
+    assert PROTOCOL_VERSION == 7
     message = rejects(frames(Ping, 1, version=2), "Ping", "version 2", f"version {PROTOCOL_VERSION}")
     assert "not supported" in message
     rejects(frames(Ping, 1, version="1"), "Ping", "version str '1'")
@@ -203,11 +203,13 @@ def test_feature_rejections():
     rejects(frames(Prefilled, [], 0.1, [[1, -1, b""]], []), "Prefilled.features[0][1]: expected an int in [0, 2**63)")
     rejects(frames(Prefilled, [], 0.1, [[1, b""]], []), "Prefilled.features[0]: expected an array of 3")
     rejects(frames(Prefilled, [], 0.1, [[1, 0, b""]] * (MAX_ITEMS + 1), []), "Prefilled.features", "MAX_ITEMS")
-    add = [1, [1], [1.0, 32, 0.5, 3, None, False, 1.0, 0.0]]
-    rejects(frames(DraftAdd, [add + [[0, b"\x00"]]]), "DraftAdd.items[0].features[1]", "got 1 bytes")
-    rejects(frames(DraftAdd, [add + [[2**63, b""]]]), "DraftAdd.items[0].features[0]", "2**63")
-    rejects(frames(DraftAdd, [add + [b"\x00\x00"]]), "DraftAdd.items[0].features: expected an array of 2")
-    rejects(frames(DraftAdd, [add]), "DraftAdd.items[0]: expected the 4 fields")
+    add = [1, [1], [1.0, 32, 0.5, 3, None, False, 1.0, 0.0, "", ""]]
+    rejects(frames(DraftAdd, [add + [[0, b"\x00"], 0]]), "DraftAdd.items[0].features[1]", "got 1 bytes")
+    rejects(frames(DraftAdd, [add + [[2**63, b""], 0]]), "DraftAdd.items[0].features[0]", "2**63")
+    rejects(frames(DraftAdd, [add + [b"\x00\x00", 0]]), "DraftAdd.items[0].features: expected an array of 2")
+    rejects(frames(DraftAdd, [add]), "DraftAdd.items[0]: expected the 5 fields")
+    rejects(frames(DraftAdd, [add + [None, -1]]), "DraftAdd.items[0].prompt_len")
+    rejects(frames(DraftAdd, [[1, [1], add[2][:8] + [3, ""], None, 0]]), "DraftAdd.items[0].params.constraint_kind")
     rejects(frames(Jit, 1, [[1, [], 4, [0, b"\x00" * 5]]]), "Jit.items[0].features[1]", "even number")
     rejects(frames(DraftRound, [[1, 0, [], [], [0, b"\x00", b"\x00"]]], []), "DraftRound.items[0].features")
     big = [frames(Jit, 1, [[1, [], 4, [0, b"\x00" * 64]]])[0],

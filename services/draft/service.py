@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ssd.constraints import grammar_for
 from ssd.engine.draft import DraftWorker
 from ssd.engine.draft_handler import DraftHandler
 from ssd.models.kv_cache import default_kv_tokens
@@ -42,7 +43,7 @@ def draft_role(cfg: DraftConfig, folder: Path) -> Role:
         columns = max_len + cfg.k + 1   # a sequence's committed KV and one speculation
         worker = DraftWorker(model, cfg.max_seqs, max_len, cfg.k, fanout,
                              cfg.kv_tokens or default_kv_tokens(cfg.max_seqs, columns), cfg.block_size,
-                             cuda_graphs=cfg.cuda_graphs)
+                             cuda_graphs=cfg.cuda_graphs, grammar_tokenizer=grammar_for(folder, model.cfg.vocab_size))
         return Loaded(model, worker, worker.feature_size)
 
     def check() -> str | None:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ssd.constraints import Constraint
+from ssd.engine import draft_grammar as grammar
 from ssd.engine.draft_branches import BranchDecoding
 from ssd.engine.draft_features import Chains, FeatureInputs
 from ssd.engine.features import FeatureBlock
@@ -57,6 +59,7 @@ class DraftParams:
     coupled: bool = False
     top_p: float = 1.0
     min_p: float = 0.0
+    constraint: Constraint | None = None   # the request's grammar: proposals are steered by it (draft_grammar)
 
     def __post_init__(self) -> None:
         if self.coupled and (self.seed is None or self.temperature == 0):
@@ -87,6 +90,7 @@ class _DraftSeq:
     nfeat: int = 0                                    # the target's features 0..nfeat-1 are known
     fresh: int = 0                                    # KV of positions < fresh was computed from known inputs
     chains: Chains | None = None                      # feature drafts: the last speculations made, with outputs
+    matcher: object = None                            # a constrained sequence's grammar state (draft_grammar)
 
 
 class DraftWorker(BranchDecoding):
@@ -95,7 +99,7 @@ class DraftWorker(BranchDecoding):
 
     def __init__(self, model: Decoder, max_seqs: int, max_len: int, k: int, fanout: list[int],
                  kv_tokens: int = 0, block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True,
-                 cuda_graphs: str = "auto"):
+                 cuda_graphs: str = "auto", grammar_tokenizer=None):
         if len(fanout) != k + 1:
             raise ValueError(f"fanout needs K+1 = {k + 1} entries, got {fanout}")
         self.model, self.k, self.fanout = model, k, list(fanout)
@@ -108,6 +112,7 @@ class DraftWorker(BranchDecoding):
         if self.cache.capacity_tokens < max_len + k + 1:
             raise ValueError(f"kv_tokens={kv_tokens} cannot hold one sequence of the maximum length {max_len}")
         self.prefix_caching = prefix_caching
+        self._grammar = grammar_tokenizer   # an llguidance tokenizer, or a function that makes it (on first use)
         self.forward = graphed_forward(model, self.cache, max_seqs, max(16, sum(fanout)), cuda_graphs)
         self.seqs: dict[int, _DraftSeq] = {}
         self.device = model.embed.device
@@ -130,12 +135,23 @@ class DraftWorker(BranchDecoding):
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.seqs
 
-    def add(self, seq_id: int, tokens: list[int], params: DraftParams, features: FeatureBlock | None = None) -> None:
-        """Start (or rebuild) a sequence from its committed tokens; its KV is computed lazily."""
+    def add(self, seq_id: int, tokens: list[int], params: DraftParams, features: FeatureBlock | None = None,
+            prompt_len: int = 0) -> None:
+        """Start (or rebuild) a sequence from its committed tokens; its KV is computed lazily. `prompt_len`: how
+        many of `tokens` are the prompt (a constrained sequence's grammar follows the rest)."""
         self.free(seq_id)
         seed = None if params.seed is None else (params.seed + SEED_OFFSET) % 2**63
-        self.seqs[seq_id] = _DraftSeq(list(tokens), params, self.cache.allocate(), generator=make_generator(seed))
-        self.feature_rows_received += self.feature_inputs.take(self.seqs[seq_id], features)
+        s = _DraftSeq(list(tokens), params, self.cache.allocate(), generator=make_generator(seed))
+        if params.constraint is not None:
+            s.matcher = grammar.follow(self._grammar_tokenizer(), params.constraint, self.model.cfg.vocab_size,
+                                       s.tokens[prompt_len or len(tokens):])
+        self.seqs[seq_id] = s
+        self.feature_rows_received += self.feature_inputs.take(s, features)
+
+    def _grammar_tokenizer(self):
+        if callable(self._grammar):
+            self._grammar = self._grammar()
+        return self._grammar
 
     def commit(self, seq_id: int, new_tokens: list[int], features: FeatureBlock | None = None) -> None:
         """Append newly committed tokens; KV already written for a matching speculative prefix is kept."""
@@ -148,6 +164,7 @@ class DraftWorker(BranchDecoding):
             s.kv_len += m
         s.tokens.extend(new_tokens)
         s.written = []
+        s.matcher = grammar.advance(s.matcher, new_tokens)
         self._register(s)
 
     def free(self, seq_id: int) -> None:
@@ -186,22 +203,27 @@ class DraftWorker(BranchDecoding):
                 self.evictions += 1
             self.cache.ensure(s.slot, end)
 
-    def _propose(self, hidden: torch.Tensor, seqs: list[_DraftSeq],
-                 positions: list[int] | None = None) -> tuple[list[int], list | None]:
+    def _propose(self, hidden: torch.Tensor, seqs: list[_DraftSeq], positions: list[int] | None = None,
+                 paths: list[list[int]] | None = None) -> tuple[list[int], list | None]:
         """Draw one token per row of the outputs `hidden` from the proposal q; return the tokens and q's sparse
         support (or None; a coupled row's entry is None). A greedy batch of a draft with its own vocabulary takes
         the argmax over that vocabulary (the lowest target id among equal maxima, as the argmax over the full one),
-        never building full rows. `positions`: each row's token position (coupled rows pick with its noise)."""
+        never building full rows. `positions`: each row's token position (coupled rows pick with its noise);
+        `paths`: each row's speculated tokens after the committed ones (a constrained row proposes within its
+        grammar after them, `draft_grammar`)."""
+        allowed = None if paths is None else grammar.proposal_rows([s.matcher for s in seqs], paths,
+                                                                   self.model.cfg.vocab_size)
         coupled = [b for b, s in enumerate(seqs) if s.params.coupled]
         if not coupled:
-            return self._propose_q(hidden, seqs)
+            return self._propose_q(hidden, seqs, allowed)
         if positions is None:
             raise ValueError("coupled sequences need the positions of the tokens they propose")
         tokens: list[int] = [0] * len(seqs)
         support: list | None = None
         others = [b for b in range(len(seqs)) if not seqs[b].params.coupled]
         if others:
-            picked, rows = self._propose_q(hidden[others], [seqs[b] for b in others])
+            picked, rows = self._propose_q(hidden[others], [seqs[b] for b in others],
+                                           None if allowed is None else allowed[others])
             if rows is not None:
                 support = [None] * len(seqs)
             for r, b in enumerate(others):
@@ -209,15 +231,19 @@ class DraftWorker(BranchDecoding):
                 if rows is not None:
                     support[b] = rows[r]
         for b, t in zip(coupled, self._coupled_picks(hidden[coupled], [seqs[b] for b in coupled],
-                                                     [positions[b] for b in coupled])):
+                                                     [positions[b] for b in coupled],
+                                                     None if allowed is None else allowed[coupled])):
             tokens[b] = t
         return tokens, support
 
-    def _coupled_q(self, hidden: torch.Tensor, seqs: list[_DraftSeq]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _coupled_q(self, hidden: torch.Tensor, seqs: list[_DraftSeq],
+                   allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows of q for coupled sequences: over the draft's own vocabulary when it has one (with those ids), else
-        over the full vocabulary (ids None)."""
-        small = self._vocab_ids is not None
+        (or when steered by a grammar, `allowed`) over the full vocabulary (ids None)."""
+        small = self._vocab_ids is not None and allowed is None
         logits = self.model.draft_logits(hidden) if small else self.model.logits(hidden)
+        if allowed is not None:
+            logits = grammar.steer(logits, allowed)
         q = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
         groups: dict = {}
         for b, s in enumerate(seqs):
@@ -226,10 +252,10 @@ class DraftWorker(BranchDecoding):
             q[rows] = probs_from_logits(logits[rows], seqs[rows[0]].params.sampling)
         return q, (self._vocab_ids if small else None)
 
-    def _coupled_picks(self, hidden, seqs, positions) -> list[int]:
+    def _coupled_picks(self, hidden, seqs, positions, allowed=None) -> list[int]:
         """Each coupled row's token: the Gumbel-max choice of its q with the (seed, position) noise; over a draft
         vocabulary, with the noise the target's full rows get at those ids."""
-        q, ids = self._coupled_q(hidden, seqs)
+        q, ids = self._coupled_q(hidden, seqs, allowed)
         if ids is None:
             return [coupled_tokens(q[r:r + 1], s.params.seed, [pos])[0]
                     for r, (s, pos) in enumerate(zip(seqs, positions))]
@@ -237,9 +263,12 @@ class DraftWorker(BranchDecoding):
         e = torch.stack([position_noise(s.params.seed, pos, V)[cpu_ids] for s, pos in zip(seqs, positions)])
         return ids[(q.double() / e.to(q.device)).argmax(-1)].tolist()
 
-    def _propose_q(self, hidden: torch.Tensor, seqs: list[_DraftSeq]) -> tuple[list[int], list | None]:
+    def _propose_q(self, hidden: torch.Tensor, seqs: list[_DraftSeq],
+                   allowed: torch.Tensor | None = None) -> tuple[list[int], list | None]:
         """`_propose` for sequences that are not coupled."""
         params = [s.params for s in seqs]
+        if allowed is not None:
+            return draw(grammar.steer(self.model.logits(hidden), allowed), params, [s.generator for s in seqs])
         if self._vocab_ids is not None and all(p.temperature == 0 for p in params):
             small = self.model.draft_logits(hidden)
             if self._vocab_sorted:   # the first maximum is the lowest id
@@ -330,7 +359,8 @@ class DraftWorker(BranchDecoding):
             else:
                 hidden = self.forward(fb, self.cache)[pick]
             tokens, support = self._propose(hidden, [seqs[b] for b in active],
-                                            [len(seqs[b].tokens) + step for b in active])
+                                            [len(seqs[b].tokens) + step for b in active],
+                                            [specs[b].tokens for b in active])
             for r, b in enumerate(active):
                 if step == 0:
                     self._caught_up(seqs[b], starts[b])
@@ -348,12 +378,3 @@ class DraftWorker(BranchDecoding):
         self.last_jit_step_s = (time.perf_counter() - t0) / max(1, max(k_eff, default=0))
         return specs
 
-
-def draft_params_for(params: SamplingParams, top_k: int = 0, saguaro_c: float = 1.0,
-                     saguaro_f: int = 0) -> DraftParams:
-    """The draft samples at the request's temperature; greedy requests get a greedy draft."""
-    if params.greedy:
-        return DraftParams(seed=params.seed)
-    if params.coupled:
-        return DraftParams(params.temperature, params.top_k, 1.0, 0, params.seed, True, params.top_p, params.min_p)
-    return DraftParams(params.temperature, top_k, saguaro_c, saguaro_f, params.seed)

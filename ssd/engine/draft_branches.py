@@ -13,12 +13,14 @@ overwritten. A feature-reading draft runs the glue as one forward over the commi
 features) and s1..sK, whose input features are the outputs of the chain that produced the speculation (a JIT's
 steps or a branch's, kept as `Chains`); a speculation it did not make takes one single-token step per token
 instead, each reading the previous step's output. A branch reads the glue output where it forks, then its own
-previous output. A greedy round of a draft with its own vocabulary draws over that vocabulary only.
+previous output. A greedy round of a draft with its own vocabulary draws over that vocabulary only. A
+constrained sequence forks and grows its chains within its grammar (`ssd.engine.draft_grammar`).
 """
 from __future__ import annotations
 
 import torch
 
+from ssd.engine import draft_grammar as grammar
 from ssd.engine.draft_features import Chains, chain_inputs
 from ssd.engine.forks import select_forks_batch
 from ssd.models.decoder import ForwardBatch
@@ -52,7 +54,12 @@ class BranchDecoding:
             s.kv_len, s.written, s.chains = len(s.tokens), list(sp), None
         if any(s.params.coupled for s in seqs):
             logits = self._coupled_fork_scores(logits, seqs, specs)
+        allowed = grammar.fork_rows([s.matcher for s in seqs], specs, self.model.cfg.vocab_size)
+        if allowed is not None:   # constrained sequences fork only where their grammar lets t* go
+            logits = logits.float().masked_fill(~allowed.to(logits.device), float("-inf"))
         forks_per_seq = select_forks_batch(logits, specs, fanouts)
+        if allowed is not None:
+            forks_per_seq = grammar.keep_allowed(forks_per_seq, specs, allowed)
         for s, sp, forks in zip(seqs, specs, forks_per_seq):
             self.cache.ensure(s.slot, len(s.tokens) + len(sp) + 1 + len(forks) * self.k, scratch=True)
         entries = self._grow_branches(seqs, specs, forks_per_seq, glue_feats)
@@ -163,7 +170,12 @@ class BranchDecoding:
                 hidden = hidden[valid_d]
             else:
                 hidden = self.forward(fb, self.cache)[valid_d]  # branches in (b, i) order
-            tokens, support = self._propose(hidden, branch_seqs, [positions[r] + d for r in range(len(positions))])
+            paths = None
+            if any(s.matcher is not None for s in seqs):   # each chain after its fork, for its grammar
+                paths = [specs[b][:j] + [t] + chains[b][i] for b, f in enumerate(forks_per_seq)
+                         for i, (j, t) in enumerate(f)]
+            tokens, support = self._propose(hidden, branch_seqs, [positions[r] + d for r in range(len(positions))],
+                                            paths)
             r = 0
             for b in range(B):
                 for i in range(nb[b]):

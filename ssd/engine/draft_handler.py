@@ -28,6 +28,7 @@ from collections import defaultdict
 from typing import Callable
 
 from ssd import wire
+from ssd.constraints import Constraint
 from ssd.engine.draft import DraftParams, DraftWorker
 from ssd.engine.features import FeatureBlock, from_wire
 from ssd.engine.handler import Handler, Sender
@@ -86,12 +87,15 @@ class DraftHandler(Handler):
                     p = it.params
                     try:
                         params = DraftParams(p.temperature, p.top_k, p.saguaro_c, p.saguaro_f, p.seed, p.coupled,
-                                             p.top_p, p.min_p)
+                                             p.top_p, p.min_p,
+                                             Constraint(p.constraint_kind, p.constraint) if p.constraint_kind
+                                             else None)
                     except ValueError as e:
                         self._error(peer, "invalid_argument", str(e), it.seq)
                         continue
                     self._with_features(peer, it.seq, it.features,
-                                        lambda block: self.worker.add(key, list(it.tokens), params, block))
+                                        lambda block: self.worker.add(key, list(it.tokens), params, block,
+                                                                      it.prompt_len))
             elif isinstance(msg, wire.Free):
                 for seq in msg.seqs:
                     self.worker.free((peer, seq))

@@ -138,7 +138,7 @@ class SpeculativeEngine(Engine):
                                 grammar_tokenizer)
         draft_kv = kv_tokens or default_kv_tokens(max_batch, self.max_len + self.spec.k + 1)
         d_worker = DraftWorker(draft, max_batch, self.max_len, self.spec.k, list(self.spec.fanout), draft_kv,
-                               block_size, prefix_caching, cuda_graphs)
+                               block_size, prefix_caching, cuda_graphs, grammar_tokenizer)
         self.target_handle = LocalWorker("target", TargetHandler, t_worker,
                                          self._ready("target", t_worker.max_len, cfg.hidden_size))
         self.draft_handle = self._draft_handle(d_worker)

@@ -13,23 +13,20 @@ sent; a follower that dies makes the leader exit with code 1.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import multiprocessing as mp
 import os
 import secrets
 import threading
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ssd import tp_wire, wire
-from ssd.constraints import grammar_tokenizer
+from ssd.constraints import grammar_for
 from ssd.engine.target import TargetWorker
 from ssd.models.parallel import TPGroup, free_port
-from ssd.tokenizer import Tokenizer
 
 log = logging.getLogger("ssd.tp")
 
@@ -40,10 +37,7 @@ SETTINGS = ("log_level", "cpus", "threads", "max_seqs", "max_len", "kv_tokens", 
 def build_target(model, s: dict, folder=None) -> TargetWorker:
     """The target's worker from its settings (the same on every rank); with the model `folder`, constrained
     requests are served (its tokenizer is wrapped for the grammar engine on the first one)."""
-    grammar = None
-    if folder is not None and (Path(folder) / "tokenizer.json").is_file():
-        eos = tuple(sorted(Tokenizer.from_folder(folder).eos_token_ids))
-        grammar = functools.partial(grammar_tokenizer, str(folder), model.cfg.vocab_size, eos)
+    grammar = grammar_for(folder, model.cfg.vocab_size)
     return TargetWorker(model, s["max_seqs"], model.cfg.context_length(s["max_len"], strict=True),
                         s["kv_tokens"], s["block_size"], cuda_graphs=s.get("cuda_graphs", "auto"),
                         grammar_tokenizer=grammar)

@@ -216,8 +216,11 @@ class RoundCore:
             params = wire.DraftParamsSpec(p.temperature, p.top_k, 1.0, 0, p.seed, True, p.top_p, p.min_p)
         else:
             params = wire.DraftParamsSpec(p.temperature, self.cfg.draft_top_k, self.cfg.saguaro_c, 1, p.seed)
+        if p.constraint:   # the draft proposes within the grammar the target masks to
+            params.constraint_kind, params.constraint = p.constraint.kind, p.constraint.text
         tokens = req.tokens
-        d.send(wire.DraftAdd([wire.DraftAddItem(req.seq, tokens, params, self.features.take(req))]))
+        d.send(wire.DraftAdd([wire.DraftAddItem(req.seq, tokens, params, self.features.take(req),
+                                                req.prompt_len or len(req.prompt))]))
         req.draft_sent = len(tokens)
 
     def next(self, req: Request, j: int, t: int) -> None:

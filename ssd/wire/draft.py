@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 from ssd.wire.codec import _SPECS, _items, _wire
 from ssd.wire.features import FEATURES, Features
-from ssd.wire.kinds import FLAG, ID, PROPOSAL, SECONDS, SEED, TOKEN, TOKENS, UNIT, Row, _Ints, _List, _tuple
+from ssd.wire.kinds import FLAG, ID, PROPOSAL, SECONDS, SEED, STR, TOKEN, TOKENS, UNIT, Row, _Ints, _List, _tuple
 
 
 @_wire(temperature=SECONDS, top_k=ID, saguaro_c=SECONDS, saguaro_f=ID, seed=SEED, coupled=FLAG, top_p=UNIT,
-       min_p=UNIT)
+       min_p=UNIT, constraint_kind=STR, constraint=STR)
 @dataclass(slots=True)
 class DraftParamsSpec:
     temperature: float
@@ -27,15 +27,19 @@ class DraftParamsSpec:
     coupled: bool = False
     top_p: float = 1.0
     min_p: float = 0.0
+    # version 7: the request's structured-output grammar (as SamplingSpec's), which steers the draft's proposals
+    constraint_kind: str = ""
+    constraint: str = ""
 
 
-@_wire(seq=ID, tokens=TOKENS, params=_SPECS[DraftParamsSpec], features=FEATURES)
+@_wire(seq=ID, tokens=TOKENS, params=_SPECS[DraftParamsSpec], features=FEATURES, prompt_len=ID)
 @dataclass(slots=True)
 class DraftAddItem:
     seq: int
     tokens: list[int]
     params: DraftParamsSpec
     features: Features | None = None   # for a feature-reading draft: the target's features it has not seen
+    prompt_len: int = 0                # version 7: tokens[:prompt_len] are the prompt (0 = all of them)
 
 
 @_wire(0x30, items=_items(DraftAddItem))

@@ -1,7 +1,8 @@
 """Structured output through the real stack over HTTP (the openai client): a chat with response_format json_schema
 returns the same JSON in ar and ssd (greedy), which parses and validates against the schema, and finishes
 ("stop") where the grammar ends; vLLM's guided_regex holds too; a bad schema or pattern is a 400 naming the
-field; over gRPC (the SDK) GenerateRequest.constraint does the same, INVALID_ARGUMENT naming it."""
+field; over gRPC (the SDK) GenerateRequest.constraint does the same, INVALID_ARGUMENT naming it; the draft service
+proposes within the grammar, so drafts of a pattern it would never write are accepted."""
 import json
 import re
 
@@ -10,6 +11,7 @@ import openai
 import pytest
 
 from ssd.client import Client, InvalidRequestError
+from tests.services.conftest import accepted_drafts
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                            "population": {"type": "integer", "minimum": 0, "maximum": 99999999}},
@@ -52,6 +54,18 @@ def test_a_bad_constraint_is_a_400_naming_the_field(client, body, param):
         client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES, max_tokens=4,
                                        extra_body=body)
     assert e.value.param == param
+
+
+def test_the_draft_service_is_steered_by_the_grammar(stack):
+    """A pattern the draft would never write on its own: unsteered, every drafted token is rejected (0 accepted on
+    this prompt in process); steered by the grammar on the draft service, SD at K=3 accepts drafts (5 in process:
+    greedy SD rounds are the same through the stack, tests/services/test_round_parity.py)."""
+    pattern = "[0-9]{3}-[A-Z]{3}-[0-9]{3}"
+    with Client(stack.grpc_address, timeout=300) as client:
+        out = client.generate([{"role": "user", "content": "Give me a product code."}], max_tokens=16, mode="sd",
+                              k=3, constraint=("regex", pattern))
+    assert re.fullmatch(pattern, out.text) and out.finish_reason == "eos"
+    assert accepted_drafts([out]) >= 3, (out.text, out.stats)
 
 
 def test_grpc_constraint_through_the_sdk(stack):
