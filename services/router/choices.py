@@ -50,7 +50,7 @@ class Fanout:
         self.subs = [dataclasses.replace(g, request_id=g.request_id if i == 0 else f"{g.request_id}/{i}",
                                          params=dataclasses.replace(params, seed=choice_seed(params.seed, i)))
                      for i in range(g.best_of)]
-        self.outs = [_Output(front.tok, g.stop) for _ in self.subs]
+        self.outs = [_Output(front.tok, g.stop, g.params.min_tokens) for _ in self.subs]
         self.reqs: list = [None] * g.best_of
         self.finals: list[Final | None] = [None] * g.best_of
         self.held: list[list[Delta]] = [[] for _ in self.subs]   # ranked: each candidate's pieces until the end

@@ -81,33 +81,46 @@ class Final:
 
 
 class _Output:
-    """Detokenization and stop-string holdback for one request."""
+    """Detokenization and stop-string holdback for one request. As in vLLM, a stop string ends the request only
+    where it ends in the text of the `min_tokens`-th generated token or a later one (it may start before)."""
 
-    def __init__(self, tok: Tokenizer, stop: tuple[str, ...]):
+    def __init__(self, tok: Tokenizer, stop: tuple[str, ...], min_tokens: int = 0):
         self.detok = tok.detokenizer(skip_special_tokens=True)
         self.stop = stop
+        self.min_tokens = min_tokens
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.pending = ""
+        self.base = 0       # characters emitted before `pending`
+        self.early = 0      # characters of the tokens before the min_tokens-th: no stop string ends in them
         self.emitted_tokens = 0
         self.stopped = False
         self.logprobs: list[TokenLogprob] = []   # of the tokens about to arrive
 
+    def _find(self, text: str) -> int:
+        """Where the first stop string that may end the request starts in `text` (at `self.base`), or -1."""
+        found = [text.find(s, max(0, self.early - self.base - len(s) + 1)) for s in self.stop]
+        return min((i for i in found if i >= 0), default=-1)
+
     def push(self, ids: list[int]) -> Delta | None:
-        self.pending += "".join(self.detok.push(t) for t in ids)
-        self.emitted_tokens += len(ids)
-        cut = min((i for i in (self.pending.find(s) for s in self.stop) if i >= 0), default=-1)
+        for t in ids:
+            self.pending += self.detok.push(t)
+            self.emitted_tokens += 1
+            if self.emitted_tokens < self.min_tokens:
+                self.early = self.base + len(self.pending)
+        cut = self._find(self.pending) if self.stop else -1
         if cut >= 0:
             self.stopped, text, self.pending = True, self.pending[:cut], ""
             return Delta(ids, text)
         safe = len(self.pending) - self.hold if self.stop else len(self.pending)
         text, self.pending = self.pending[:max(0, safe)], self.pending[max(0, safe):]
+        self.base += len(text)
         return Delta(ids, text) if ids or text else None
 
     def tail(self) -> str:
         if self.stopped:
             return ""
         rest = self.pending + self.detok.flush()
-        cut = min((i for i in (rest.find(s) for s in self.stop) if i >= 0), default=-1)
+        cut = self._find(rest) if self.stop else -1
         return rest if cut < 0 else rest[:cut]
 
 
@@ -314,7 +327,7 @@ class Frontend:
 
     def stream(self, g: GenerationRequest, on_start=None):
         """Yields Delta... then one Final (blocking; for gRPC handler threads)."""
-        out = _Output(self.tok, g.stop)
+        out = _Output(self.tok, g.stop, g.params.min_tokens)
         for item in self._replay(g, out):
             yield item
             if isinstance(item, Final):
@@ -337,7 +350,7 @@ class Frontend:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         req = self._submit(g, _AsyncSink(loop, q))
-        out = _Output(self.tok, g.stop)
+        out = _Output(self.tok, g.stop, g.params.min_tokens)
         try:
             while True:
                 item = self._handle(req, out, await q.get(), g)

@@ -94,6 +94,21 @@ def test_stop_string_ends_the_text_before_it_and_aborts_the_engine(client, serve
     assert served.core.aborted[out.id] is FinishReason.STOP_STRING
 
 
+@pytest.mark.parametrize("stop, min_tokens, text", [
+    ("quick", 5, TEXT + "The "),            # the first "quick" ends in token 2: it does not end the request
+    ("quick brown", 3, "The "),             # ends in token 3, the min_tokens-th: it does
+    ("quick brown", 4, TEXT + "The "),
+])
+def test_a_stop_string_ends_a_request_only_from_the_min_tokens_th_token(client, tok, stop, min_tokens, text):
+    assert tok.decode(tok.encode(TEXT)[:3]) == "The quick brown"   # the fake's first three tokens
+    whole = client.completions.create(model=MODEL, prompt="Hi", max_tokens=40, stop=[stop],
+                                      extra_body={"min_tokens": min_tokens})
+    assert whole.choices[0].text == text and whole.model_extra["ssd"]["finish_reason"] == "stop_string"
+    chunks = client.completions.create(model=MODEL, prompt="Hi", max_tokens=40, stop=[stop], stream=True,
+                                       extra_body={"min_tokens": min_tokens})
+    assert "".join(c.choices[0].text for c in chunks) == text
+
+
 def test_models_lists_the_one_model(client):
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL] and models[0].owned_by == "ssd"

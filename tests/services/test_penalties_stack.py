@@ -69,3 +69,16 @@ def test_the_stack_serves_the_models_own_context(stack):
     client = openai.OpenAI(base_url=f"http://{stack.http_address}/v1", api_key="unused", max_retries=0, timeout=60)
     card = client.models.retrieve(client.models.list().data[0].id)
     assert card.model_extra["max_model_len"] == 8192   # SmolLM2's max_position_embeddings
+
+
+def test_a_stop_string_does_not_end_a_request_before_min_tokens(stack):
+    client = openai.OpenAI(base_url=f"http://{stack.http_address}/v1", api_key="unused", max_retries=0, timeout=300)
+    model = client.models.list().data[0].id
+    ask = dict(model=model, prompt="The capital of France is", max_tokens=12, temperature=0)
+    text = client.completions.create(**ask, extra_body={"ignore_eos": True}).choices[0].text
+    stop = text[:3]   # matches in the first token or two
+    early = client.completions.create(**ask, stop=[stop], extra_body={"ignore_eos": True})
+    assert early.choices[0].text == "" and early.model_extra["ssd"]["finish_reason"] == "stop_string"
+    held = client.completions.create(**ask, stop=[stop], extra_body={"ignore_eos": True, "min_tokens": 8,
+                                                                     "speculation": {"mode": "ssd"}})
+    assert held.usage.completion_tokens >= 8 and held.choices[0].text and text.startswith(held.choices[0].text)
