@@ -7,8 +7,9 @@ changes nothing (`openai_params.py`). `max_tokens` defaults to the rest of the c
 `--max-tokens-default` if set), `temperature` to 1.0. Responses add `ssd`: the request's speculation stats and its
 precise finish reason (OpenAI's `finish_reason` is "length" for LENGTH, else "stop"). `stream` sends Server-Sent
 Events: chunks (one choice each, interleaved as the choices' tokens arrive), each choice's last one with its
-`finish_reason`, a usage chunk if `stream_options.include_usage`, then `data: [DONE]`; an engine error mid-stream
-is a `data: {"error": ...}` event. A client that disconnects cancels its handler, which aborts the request in the
+`finish_reason`, a usage chunk if `stream_options.include_usage`, then `data: [DONE]` (a choice that may be a tool
+call is held until its first character shows it is text; a call goes out as tool_call deltas, `CallStream`); an
+engine error mid-stream is a `data: {"error": ...}` event. A client that disconnects cancels its handler, which aborts the request in the
 engine. `GET /v1/models` and `/v1/models/{id}`; vLLM's `POST /tokenize`, `/detokenize` and `GET /version`;
 `/health` (503 until the workers are ready), `/metrics` (404 without a renderer). Errors, all mapped in one
 middleware, have OpenAI's shape `{"error": {message, type, param, code}}`: 400 bad JSON or field (`param` names
@@ -37,7 +38,7 @@ from aiohttp import web
 from services.router import choices
 from services.router.frontend import Final, Frontend
 from services.router.openai_params import STR, get, parse, parse_tokenize
-from services.router.openai_replies import Reply
+from services.router.openai_replies import CallStream, Reply
 
 log = logging.getLogger("ssd.router")
 
@@ -188,7 +189,7 @@ class HttpServer:
         if p.user is not None:
             log.debug("request %s from user %r", rid, p.user)
         reply = Reply(chat, rid, self.model_name, int(time.time()),
-                      self.frontend.tok if g.params.logprobs is not None else None, tools=p.tools)
+                      self.frontend.tok if g.params.logprobs is not None else None, tools=p.tools is not None)
         items = choices.astream(self.frontend, g)
         async with contextlib.aclosing(items):   # leaving early (or being cancelled) aborts the request
             index, item = await anext(items)     # submit's ValueError surfaces here, before any header is sent
@@ -218,17 +219,22 @@ class HttpServer:
                 for i in range(n):
                     await resp.write(_event(reply.chunk(role=True, index=i)))
             (index, item), finals = first, {}
+            calls = [CallStream(reply, i) for i in range(n)] if reply.tools else None
             while True:
                 if isinstance(item, Final) and item.error is not None:
                     await resp.write(_event(error_body(item.error, kind="server_error")))
                     break
                 if isinstance(item, Final):
-                    await resp.write(_event(reply.chunk(item.text, item, index=index)))
+                    for chunk in calls[index].final(item) if calls else [reply.chunk(item.text, item, index=index)]:
+                        await resp.write(_event(chunk))
                     finals[index] = item
                     if len(finals) == n:
                         if include_usage:
                             await resp.write(_event(reply.usage_chunk([finals[i] for i in range(n)])))
                         break
+                elif calls:
+                    for chunk in calls[index].delta(item.text, item.logprobs or []):
+                        await resp.write(_event(chunk))
                 elif item.text or item.logprobs:
                     await resp.write(_event(reply.chunk(item.text, logprobs=item.logprobs or (), index=index)))
                 index, item = await anext(items)

@@ -9,14 +9,13 @@ last chunk of each carries that choice's `ssd`. No torch here.
 """
 from __future__ import annotations
 
-import json
-import uuid
 from dataclasses import dataclass, field
 
 from ssd.engine.stats import SpecStats
 from ssd.params import FinishReason, TokenLogprob
 from ssd.tokenizer import Tokenizer
 from services.router.frontend import Final
+from services.router.openai_tools import as_call, call_id
 
 
 def _finish(f: Final) -> str:
@@ -58,7 +57,7 @@ class Reply:
     created: int
     tok: Tokenizer | None = None
     offsets: dict[int, int] = field(default_factory=dict, repr=False)   # per choice: text_offset of its next token
-    tools: bool = False   # each finished choice's text is a tool call {name, arguments}: answered as tool_calls
+    tools: bool = False   # a finished choice's text may be a tool call {name, arguments}: answered as tool_calls
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -70,11 +69,10 @@ class Reply:
         for i, (text, f, logprobs) in enumerate(choices):
             choice = {"index": i, "finish_reason": _finish(f), "logprobs": self.logprobs(logprobs, i)}
             choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
-            if self.tools and f.reason is not FinishReason.LENGTH:   # the grammar ended: the text is one call
-                call = json.loads(text)
-                choice["message"] = {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                     "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]}
+            call = self.call(text, f)
+            if call is not None:
+                choice["message"] = {"role": "assistant", "content": None,
+                                     "tool_calls": [{"id": call_id(), "type": "function", "function": call}]}
                 choice["finish_reason"] = "tool_calls"
             out.append(choice | ({"ssd": _ssd(f)} if len(choices) > 1 else {}))
         finals = [f for _, f, _ in choices]
@@ -92,6 +90,22 @@ class Reply:
             choice["text"] = text
         out = {**self._head(True), "choices": [choice]}
         return {**out, "ssd": _ssd(f)} if f else out
+
+    def call(self, text: str, f: Final) -> dict | None:
+        """The tool call a finished choice's text is ({name, arguments as JSON text}), or None: text, or a call cut
+        by max_tokens."""
+        return as_call(text) if self.tools and f.reason is not FinishReason.LENGTH else None
+
+    def call_chunks(self, call: dict, f: Final, logprobs: list[TokenLogprob], index: int) -> list[dict]:
+        """A tool call as OpenAI's stream deltas: its id, type and name; its arguments; the finish."""
+        head = {"index": 0, "id": call_id(), "type": "function", "function": {"name": call["name"], "arguments": ""}}
+        first = self.chunk(index=index)
+        first["choices"][0]["delta"] = {"tool_calls": [head]}
+        args = self.chunk(logprobs=logprobs, index=index)
+        args["choices"][0]["delta"] = {"tool_calls": [{"index": 0, "function": {"arguments": call["arguments"]}}]}
+        last = self.chunk(f=f, index=index)
+        last["choices"][0]["finish_reason"] = "tool_calls"
+        return [first, args, last]
 
     def usage_chunk(self, finals: list[Final]) -> dict:
         return {**self._head(True), "choices": [], "usage": _usage(finals)}
@@ -118,3 +132,39 @@ class Reply:
 
     def _text(self, token: int) -> str:
         return self.tok.decode([token])
+
+
+@dataclass(slots=True)
+class CallStream:
+    """One choice's stream when its output may be a tool call. The first character decides (a call starts with
+    `{`, and auto's text never does): text goes out as content deltas from then on; a call is held to its end and
+    goes out as `Reply.call_chunks`. Held text that ends up not being a whole call goes out as content."""
+    reply: Reply
+    index: int
+    text: bool | None = None     # None: undecided
+    held: str = ""
+    logprobs: list = field(default_factory=list)
+
+    def delta(self, text: str, logprobs: list[TokenLogprob]) -> list[dict]:
+        if self.text is None:
+            self.held += text
+            self.logprobs += logprobs
+            if not self.held:
+                return []
+            self.text = not self.held.startswith("{")
+            if not self.text:
+                return []
+            text, logprobs, self.held, self.logprobs = self.held, self.logprobs, "", []
+        elif not self.text:
+            self.held += text
+            self.logprobs += logprobs
+            return []
+        return [self.reply.chunk(text, logprobs=logprobs, index=self.index)] if text or logprobs else []
+
+    def final(self, f: Final) -> list[dict]:
+        text = self.held + f.text
+        call = None if self.text else self.reply.call(text, f)
+        if call is not None:
+            return self.reply.call_chunks(call, f, self.logprobs, self.index)
+        out = [self.reply.chunk(text, logprobs=self.logprobs, index=self.index)] if self.logprobs else []
+        return out + [self.reply.chunk("" if self.logprobs else text, f, index=self.index)]

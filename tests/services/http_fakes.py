@@ -1,5 +1,5 @@
 """A fake round core for the HTTP API's tests: what `Frontend` and `HttpServer` need of `ssd.round.RoundCore`,
-streaming a fixed text's tokens in chunks of three from a thread, as the round core does, so the tests need no
+streaming a fixed text's tokens (or a scripted list, then EOS) in chunks of three from a thread, as the round core does, so the tests need no
 workers."""
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ class FakeCore:
         self.tokens = tok.encode(TEXT * 400)
         self.delay = 0.0          # seconds between chunks
         self.fail: str | None = None
+        self.script: list[int] | None = None   # tokens to stream instead of TEXT's, then EOS (if max_tokens allows)
         self.aborted: dict[str, FinishReason] = {}
         self.last: FakeRequest | None = None   # the request submitted last
 
@@ -65,7 +66,9 @@ class FakeCore:
             req.finish = FinishReason.ERROR
             req.events.put(("error", fail))
             return
-        ids = self.tokens[:req.params.max_tokens]
+        tokens = self.tokens if self.script is None else self.script
+        ids = tokens[:req.params.max_tokens]
+        end = FinishReason.LENGTH if len(ids) == req.params.max_tokens else FinishReason.EOS
         for i in range(0, len(ids), 3):
             time.sleep(self.delay)
             if req.finish is not None:
@@ -76,8 +79,8 @@ class FakeCore:
             if req.params.logprobs is not None:
                 req.events.put(("logprobs", [fake_logprob(t, req.params.logprobs) for t in ids[i:i + 3]]))
             req.events.put(("tokens", ids[i:i + 3]))
-        req.finish = FinishReason.LENGTH
-        req.events.put(("done", FinishReason.LENGTH))
+        req.finish = end
+        req.events.put(("done", end))
 
     def abort(self, req: FakeRequest, reason: FinishReason = FinishReason.ABORT) -> None:
         self.aborted[req.rid] = reason

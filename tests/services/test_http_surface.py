@@ -37,8 +37,22 @@ def client(served):
 REFUSED = [  # (endpoint body, extra fields, the param the 400 names)
     (CHAT, {"guided_json": 3}, "guided_json"),
     (CHAT, {"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
-    (CHAT, {"guided_choice": ["a", "b"]}, "guided_choice"),
-    (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),   # auto
+    (CHAT, {"guided_choice": []}, "guided_choice"),
+    (CHAT, {"guided_choice": ["a", 1]}, "guided_choice"),
+    (COMPLETION, {"guided_choice": "a"}, "guided_choice"),
+    (COMPLETION, {"guided_grammar": "start: ("}, "guided_grammar"),
+    (COMPLETION, {"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),   # two structured fields
+    (CHAT, {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "structured_outputs"),
+    (CHAT, {"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs.choice"),
+    (CHAT, {"structured_outputs": {"grammar": "start: ("}}, "structured_outputs.grammar"),
+    (CHAT, {"structured_outputs": {"json": {"type": 3}}}, "structured_outputs.json"),
+    (COMPLETION, {"structured_outputs": {"choice": [2]}}, "structured_outputs.choice"),
+    (COMPLETION, {"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag"),
+    (COMPLETION, {"structured_outputs": {"choices": ["a"]}}, "structured_outputs.choices"),
+    (COMPLETION, {"structured_outputs": {}}, "structured_outputs"),
+    (COMPLETION, {"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend"),
+    (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "maybe"}, "tool_choice"),
+    (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}], "guided_regex": "a"}, "guided_regex"),   # auto with a constraint
     (CHAT, {"tools": [{"type": "function", "function": {"name": "f", "x": 1}}], "tool_choice": "required"},
      "tools[0].function.x"),
     (CHAT, {"tool_choice": "required"}, "tool_choice"),
@@ -90,8 +104,11 @@ def test_fields_at_the_value_that_changes_nothing_are_accepted(served, base, ext
 def test_the_openai_client_sees_a_refused_field_by_name(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
-                                       extra_body={"guided_grammar": "start: /a/"})
-    assert e.value.param == "guided_grammar" and "not supported" in e.value.message
+                                       extra_body={"guided_decoding_backend": "xgrammar"})
+    assert e.value.param == "guided_decoding_backend" and "not supported" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:   # two structured-output fields: the message names both
+        client.completions.create(model=MODEL, prompt="Hi", extra_body={"guided_json": {}, "guided_grammar": "a"})
+    assert e.value.param == "guided_grammar" and "guided_json" in e.value.message
 
 
 def test_model_by_id_and_unknown_ids(client, served):

@@ -93,7 +93,35 @@ def test_a_named_tool_choice_answers_tool_calls_that_the_openai_types_parse(clie
     (call,) = choice.message.tool_calls
     assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
     jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
-    with pytest.raises(openai.BadRequestError) as e:   # auto would need free text or a call: refused
-        client.chat.completions.create(model=out.model, max_tokens=4, tools=[WEATHER],
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=out.model, max_tokens=4, tools=[WEATHER], tool_choice="any",
                                        messages=[{"role": "user", "content": "Hi"}])
     assert e.value.param == "tool_choice"
+
+
+CITIES = ["Paris", "London", "Berlin", "Madrid"]
+
+
+def test_guided_choice_is_one_of_the_strings_and_the_same_in_ar_and_ssd(client):
+    model = client.models.list().data[0].id
+    outs = [client.chat.completions.create(model=model, messages=MESSAGES[:1], max_tokens=8, temperature=0,
+                                           extra_body={"guided_choice": CITIES, "speculation": {"mode": mode}})
+            for mode in ("ar", "ssd")]
+    assert outs[0].choices[0].message.content == outs[1].choices[0].message.content
+    assert all(o.choices[0].message.content in CITIES and o.choices[0].finish_reason == "stop" for o in outs)
+
+
+def test_guided_grammar_and_structured_outputs_generate_their_language(client):
+    model = client.models.list().data[0].id
+    grammar = 'start: " The answer is " NUMBER "."\nNUMBER: /[0-9]{1,3}/'
+    out = client.completions.create(model=model, prompt="What is 6 times 7?", max_tokens=12, temperature=0,
+                                    extra_body={"guided_grammar": grammar, "speculation": {"mode": "sd"}})
+    assert re.fullmatch(r" The answer is [0-9]{1,3}\.", out.choices[0].text), out.choices[0].text
+    outs = [client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0,
+                                      extra_body={"structured_outputs": {"regex": " [A-Z][a-z]{2,8}"},
+                                                  "speculation": {"mode": mode}}) for mode in ("ar", "sd")]
+    assert outs[0].choices[0].text == outs[1].choices[0].text
+    assert re.fullmatch(" [A-Z][a-z]{2,8}", outs[0].choices[0].text) and outs[0].choices[0].finish_reason == "stop"
+    chat = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=4, temperature=0,
+                                          extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert chat.choices[0].message.content in ("yes", "no")
