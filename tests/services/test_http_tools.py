@@ -121,3 +121,14 @@ def test_the_guided_choice_grammar_is_exactly_its_strings(default_models, tok):
 
     assert all(takes(o) for o in options)
     assert not any(takes(t) for t in ["ye", "yesno", "a", "b", 'say "no', "/re", ""])
+
+
+def test_each_of_n_streamed_choices_is_its_own_call_with_its_tokens_logprobs(client, served, tok):
+    served[1].script = tok.encode(CALL)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER], stream=True, n=2,
+                                                 logprobs=True, max_tokens=64))
+    for i in range(2):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == i]
+        args = "".join(t.function.arguments or "" for c in mine for t in c.delta.tool_calls or ())
+        assert json.loads(args) == {"city": "Paris"} and mine[-1].finish_reason == "tool_calls"
+        assert sum(len(c.logprobs.content) for c in mine if c.logprobs) == len(served[1].script)
