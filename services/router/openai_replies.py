@@ -93,7 +93,7 @@ class Reply:
 
     def call(self, text: str, f: Final) -> dict | None:
         """The tool call a finished choice's text is ({name, arguments as JSON text}), or None: text, or a call cut
-        by max_tokens."""
+        by max_tokens or a stop string."""
         return as_call(text) if self.tools and f.reason is not FinishReason.LENGTH else None
 
     def call_chunks(self, call: dict, f: Final, logprobs: list[TokenLogprob], index: int) -> list[dict]:

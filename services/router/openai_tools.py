@@ -58,12 +58,12 @@ def tool_call(body: dict) -> ToolCall | None:
                          "a tool")
     auto = choice in (None, "auto")
     schema = call_schema({n: functions[n]["parameters"] for n in names})
-    if auto:
-        layout = {**schema, "x-guidance": JSON_LAYOUT}
-        constraint = Constraint("lark", AUTO_GRAMMAR.format(schema=json.dumps(layout)))
-    else:
-        constraint = Constraint("json_schema", json.dumps(schema))
     try:
+        if auto:
+            layout = {**schema, "x-guidance": JSON_LAYOUT}
+            constraint = Constraint("lark", AUTO_GRAMMAR.format(schema=json.dumps(layout)))
+        else:
+            constraint = Constraint("json_schema", json.dumps(schema))
         constraint.validate()
     except ValueError as err:
         raise ValueError(f"tools: {err}") from None

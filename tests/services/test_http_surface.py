@@ -53,6 +53,9 @@ REFUSED = [  # (endpoint body, extra fields, the param the 400 names)
     (COMPLETION, {"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend"),
     (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "maybe"}, "tool_choice"),
     (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}], "guided_regex": "a"}, "guided_regex"),   # auto with a constraint
+    (CHAT, {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]}, "tools"),
+    (CHAT, {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"description": "x" * 70000}}}],
+            "tool_choice": "auto"}, "tools"),
     (CHAT, {"tools": [{"type": "function", "function": {"name": "f", "x": 1}}], "tool_choice": "required"},
      "tools[0].function.x"),
     (CHAT, {"tool_choice": "required"}, "tool_choice"),

@@ -132,3 +132,12 @@ def test_each_of_n_streamed_choices_is_its_own_call_with_its_tokens_logprobs(cli
         args = "".join(t.function.arguments or "" for c in mine for t in c.delta.tool_calls or ())
         assert json.loads(args) == {"city": "Paris"} and mine[-1].finish_reason == "tool_calls"
         assert sum(len(c.logprobs.content) for c in mine if c.logprobs) == len(served[1].script)
+
+
+def test_a_call_cut_by_a_stop_string_is_text_not_an_error(client, served, tok):
+    served[1].script = tok.encode(CALL)
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER], max_tokens=64,
+                                           tool_choice="required", stop=["Paris"])
+    assert whole.choices[0].message.content == CALL[:CALL.index("Paris")] and whole.choices[0].finish_reason == "stop"
+    chunks, name, args, ids, content = _stream(client, max_tokens=64, stop=["Paris"])
+    assert content == whole.choices[0].message.content and not ids
