@@ -1,6 +1,7 @@
 """Structured output through the real stack over HTTP (the openai client): a chat with response_format json_schema
 returns the same JSON in ar and ssd (greedy), which parses and validates against the schema, and finishes
-("stop") where the grammar ends; vLLM's guided_regex holds too; a bad schema or pattern is a 400 naming the
+("stop") where the grammar ends; vLLM's guided_regex, guided_choice, guided_grammar and structured_outputs hold
+too (the same output in ar and sd/ssd); a bad schema or pattern is a 400 naming the
 field; over gRPC (the SDK) GenerateRequest.constraint does the same, INVALID_ARGUMENT naming it; the draft service
 proposes within the grammar, so drafts of a pattern it would never write are accepted."""
 import json
@@ -114,9 +115,11 @@ def test_guided_choice_is_one_of_the_strings_and_the_same_in_ar_and_ssd(client):
 def test_guided_grammar_and_structured_outputs_generate_their_language(client):
     model = client.models.list().data[0].id
     grammar = 'start: " The answer is " NUMBER "."\nNUMBER: /[0-9]{1,3}/'
-    out = client.completions.create(model=model, prompt="What is 6 times 7?", max_tokens=12, temperature=0,
-                                    extra_body={"guided_grammar": grammar, "speculation": {"mode": "sd"}})
-    assert re.fullmatch(r" The answer is [0-9]{1,3}\.", out.choices[0].text), out.choices[0].text
+    outs = [client.completions.create(model=model, prompt="What is 6 times 7?", max_tokens=12, temperature=0,
+                                      extra_body={"guided_grammar": grammar, "speculation": {"mode": mode}})
+            for mode in ("ar", "sd")]
+    assert outs[0].choices[0].text == outs[1].choices[0].text
+    assert re.fullmatch(r" The answer is [0-9]{1,3}\.", outs[0].choices[0].text), outs[0].choices[0].text
     outs = [client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0,
                                       extra_body={"structured_outputs": {"regex": " [A-Z][a-z]{2,8}"},
                                                   "speculation": {"mode": mode}}) for mode in ("ar", "sd")]
