@@ -33,19 +33,17 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
 
+from pair import add_pair_args, load_pair  # noqa: E402
 from ssd.engine.speculative import SpecConfig, SpeculativeEngine  # noqa: E402
 from ssd.engine.stats import SpecStats  # noqa: E402
-from ssd.models.loader import load_model  # noqa: E402
 from ssd.prompts import PROMPTS_BY_KIND  # noqa: E402
 from ssd.sampling import SamplingParams  # noqa: E402
 from ssd.spec.fanout import default_fanout, geometric_fanout, uniform_fanout  # noqa: E402
-from ssd.tokenizer import Tokenizer  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "fanout.json"
-MODELS = Path(os.environ.get("SSD_TEST_MODELS_DIR", "/tmp/ssd-test-models"))
 
 
 def _mean(xs):
@@ -187,8 +185,7 @@ def best_split(cov: dict, budget: int) -> tuple[list[int], float]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--target", type=Path, default=MODELS / "smollm2-135m-instruct")
-    ap.add_argument("--draft", type=Path, default=MODELS / "smollm2-135m-eagle")
+    add_pair_args(ap, RESULTS)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--budgets", default="8,16,32,64")
@@ -199,13 +196,8 @@ def main():
                     help="one more uniform run this wide, for the coverage curve (0: the widest of the others)")
     ap.add_argument("--batches", default="1", help="prompts generated at once, each run at each (at least that many "
                                                    "prompts are used)")
-    ap.add_argument("--k", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    target, draft = load_model(args.target), load_model(args.draft)
-    tok = Tokenizer.from_folder(args.target)
+    target, draft, tok = load_pair(args)
     batches = [int(b) for b in args.batches.split(",")]
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]))
                for _, p in PROMPTS_BY_KIND[:max(args.prompts, *batches)]]

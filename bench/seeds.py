@@ -26,19 +26,17 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
 
 from ssd.engine.ar import AREngine  # noqa: E402
+from pair import add_pair_args, load_pair  # noqa: E402
 from ssd.engine.speculative import SpecConfig, SpeculativeEngine  # noqa: E402
 from ssd.engine.stats import SpecStats  # noqa: E402
-from ssd.models.loader import load_model  # noqa: E402
 from ssd.prompts import PROMPTS_BY_KIND  # noqa: E402
 from ssd.sampling import SamplingParams  # noqa: E402
-from ssd.tokenizer import Tokenizer  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "seeds.json"
-MODELS = Path(os.environ.get("SSD_TEST_MODELS_DIR", "/tmp/ssd-test-models"))
 
 
 def run(engine, prompts, params_for) -> tuple[SpecStats, list[list[int]], float]:
@@ -54,19 +52,13 @@ def run(engine, prompts, params_for) -> tuple[SpecStats, list[list[int]], float]
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--target", type=Path, default=MODELS / "smollm2-135m-instruct")
-    ap.add_argument("--draft", type=Path, default=MODELS / "smollm2-135m-eagle")
+    add_pair_args(ap, RESULTS)
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--seeds", type=int, default=2, help="seeds per prompt")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--temperatures", default="0.7,1.0")
-    ap.add_argument("--k", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    target, draft = load_model(args.target), load_model(args.draft)
-    tok = Tokenizer.from_folder(args.target)
+    target, draft, tok = load_pair(args)
     # the last prompts of ssd.prompts: not the ones the service tests take first
     chosen = PROMPTS_BY_KIND[-args.prompts:]
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for _, p in chosen]
