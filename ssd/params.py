@@ -18,7 +18,9 @@ request (rejection sampling's draws, reproducible only for one mode and K).
 
 `logprobs` (None = off; N in 0..MAX_LOGPROBS) asks for each generated token's log-probability under the target
 (the log-softmax of its raw logits, before temperature, penalties or truncation, in float32) and its N most
-probable alternatives: a `TokenLogprob` per token.
+probable alternatives: a `TokenLogprob` per token. `prompt_logprobs` (the same bounds) asks the same of the
+prompt: for every prompt token after the first, its log-probability given the tokens before it, computed by the
+prefill itself (which then skips the prefix cache, so every prompt position has logits).
 """
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ class SamplingParams:
     logprobs: int | None = None   # None: no logprobs; N: each token's and its N most probable alternatives'
     seed_stream: bool = False     # a seed starts one random stream per request instead of keying each position
     constraint: Constraint | None = None   # structured output: a grammar masks every position (ssd.constraints)
+    prompt_logprobs: int | None = None     # None: none; N: each prompt token's (after the first) and N alternatives
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
@@ -106,6 +109,9 @@ class SamplingParams:
             raise bad("constraint", "None or an ssd.constraints.Constraint")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise bad("logprobs", f"None or an int in 0..{MAX_LOGPROBS}")
+        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
+                                                 or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            raise bad("prompt_logprobs", f"None or an int in 0..{MAX_LOGPROBS}")
         self.temperature = float(self.temperature)
         self.top_p = float(self.top_p)
         self.min_p = float(self.min_p)
@@ -163,6 +169,7 @@ class TokenLogprob:
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None   # its rank in the distribution (1 = the most probable), where computed (prompt tokens)
 
 
 class FinishReason(str, Enum):

@@ -182,16 +182,20 @@ def penalize(logits: Tensor, params: SamplingParams, tokens: Sequence[int], prom
     return x
 
 
-def token_logprobs(logits: Tensor, tokens: Sequence[int], n: int) -> list[TokenLogprob]:
-    """Row i's log-probability of ``tokens[i]`` and its ``n`` most probable tokens (float32 log-softmax)."""
+def token_logprobs(logits: Tensor, tokens: Sequence[int], n: int, ranks: bool = False) -> list[TokenLogprob]:
+    """Row i's log-probability of ``tokens[i]`` and its ``n`` most probable tokens (float32 log-softmax); with
+    ``ranks``, also each token's rank (1 + how many tokens are more probable)."""
     if logits.shape[0] != len(tokens):
         raise ValueError(f"{logits.shape[0]} rows of logits for {len(tokens)} tokens")
     lp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = lp.gather(1, torch.tensor(list(tokens), dtype=torch.long, device=lp.device)[:, None])[:, 0].tolist()
+    chosen_t = lp.gather(1, torch.tensor(list(tokens), dtype=torch.long, device=lp.device)[:, None])
+    chosen = chosen_t[:, 0].tolist()
+    rank = ((lp > chosen_t).sum(-1) + 1).tolist() if ranks else [None] * len(chosen)
     if not n:
-        return [TokenLogprob(t, c) for t, c in zip(tokens, chosen)]
+        return [TokenLogprob(t, c, (), r) for t, c, r in zip(tokens, chosen, rank)]
     values, ids = lp.topk(n, dim=-1)
-    return [TokenLogprob(t, c, tuple(zip(i, v))) for t, c, i, v in zip(tokens, chosen, ids.tolist(), values.tolist())]
+    return [TokenLogprob(t, c, tuple(zip(i, v)), r)
+            for t, c, i, v, r in zip(tokens, chosen, ids.tolist(), values.tolist(), rank)]
 
 
 _M64 = 2**64 - 1

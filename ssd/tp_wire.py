@@ -37,8 +37,8 @@ from ssd.wire.kinds import (WireError, _Array, _Bad, _Bool, _Float, _Int, _Ints,
 __all__ = ["MAX_OP_ARRAYS", "MAX_OP_BYTES", "MAX_OP_ITEMS", "MAX_PEER_BYTES", "MESSAGE_TYPES", "TP_VERSION", "Free",
            "Item", "Prefill", "Request", "Restore", "Stop", "TPWireError", "Verify", "decode", "encode"]
 
-TP_VERSION = 4                # 2: penalties and logprobs in the parameters, Request.prompt_len; 3: seed_stream;
-                              # 4: constraint (structured output)
+TP_VERSION = 5                # 2: penalties and logprobs in the parameters, Request.prompt_len; 3: seed_stream;
+                              # 4: constraint (structured output); 5: prompt_logprobs
 MAX_OP_BYTES = 256 << 20     # bytes per message (several data-plane Verify frames merge into one verify)
 MAX_OP_ITEMS = 1 << 16       # requests or items per message
 MAX_OP_TOKENS = 1 << 20      # ints per token list
@@ -101,7 +101,8 @@ PARAMS = _Params({"temperature": _Float(0.0), "top_k": ID, "top_p": _Float(0.0, 
                   "repetition_penalty": _Float(0.0), "logit_bias": _List(_tuple(_Int(31), _Float(-100.0, 100.0)),
                                                                           "MAX_OP_TOKENS", MAX_OP_TOKENS),
                   "min_tokens": ID, "logprobs": _Optional(_Int(6)), "seed_stream": FLAG,
-                  "constraint": _Optional(_Array({"kind": _Str(*KINDS), "text": _Str()}, Constraint))},
+                  "constraint": _Optional(_Array({"kind": _Str(*KINDS), "text": _Str()}, Constraint)),
+                  "prompt_logprobs": _Optional(_Int(6))},
                  SamplingParams)
 
 

@@ -16,7 +16,7 @@ PEER = b"\x00k\x8b\x45\x67"   # a ZeroMQ routing identity
 SAMPLED = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, seed=2**64 - 1, max_tokens=64,
                          stop_token_ids=(2, 7), ignore_eos=True, presence_penalty=-0.5, frequency_penalty=1.5,
                          repetition_penalty=1.3, logit_bias=((3, -100.0), (2**31 - 1, 2.5)), min_tokens=4, logprobs=20,
-                         constraint=Constraint("regex", "[0-9]+"))
+                         constraint=Constraint("regex", "[0-9]+"), prompt_logprobs=20)
 EXAMPLES = [
     Prefill([Request((PEER, 1), [1, 2, 3], SAMPLED), Request((b"r", 2**63 - 1), [2**31 - 1], SamplingParams())],
             features=True),
@@ -80,18 +80,18 @@ def test_a_wrong_version_is_refused_naming_both_versions():
      ["Verify.items[0].proposal[0]: ids and probs must hold the same number"]),
     (payload(0x03, [[[[PEER, 1], [3], [[b"\x01\x00\x00\x00", b"\x00" * 7 + b"\x7f"]]]], False]),   # NaN
      ["Verify.items[0].proposal[0]: a row's ids must be ints in [0, 2**31) and its probs finite floats in [0, 1]"]),
-    (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 0.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [], 0, None, False, None], 1]], False]),
+    (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 0.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [], 0, None, False, None, None], 1]], False]),
      ["Prefill.requests[0].params: SamplingParams.top_p must be a number in (0, 1]"]),
     (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 1.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [[1, 2.0], [1, 3.0]],
-                                       0, None, False, None], 1]], False]),
+                                       0, None, False, None, None], 1]], False]),
      ["Prefill.requests[0].params: SamplingParams.logit_bias must be", "each id once"]),
     (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 1.0, 0.0, None, 1, []], 1]], False]),
-     ["Prefill.requests[0].params: expected the 16 fields"]),
-    (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 1.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [], 0, 3, False, None]]],
+     ["Prefill.requests[0].params: expected the 17 fields"]),
+    (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 1.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [], 0, 3, False, None, None]]],
                     False]),
      ["Prefill.requests[0]: expected the 4 fields"]),
     (payload(0x01, [[[[PEER, 1], [1], [0.0, 0, 1.0, 0.0, None, 1, [], False, 0.0, 0.0, 1.0, [], 0, None, False,
-                                       ["yaml", ""]], 1]], False]),
+                                       ["yaml", ""], None], 1]], False]),
      ["Prefill.requests[0].params.constraint.kind: expected one of"]),
 ])
 def test_a_malformed_message_is_refused_naming_the_field(data, fragments):

@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 from ssd import wire
 from ssd.wire import (MAX_FRAME_BYTES, MAX_ITEMS, MESSAGE_TYPES, PROTOCOL_VERSION, CacheEntries, CacheEntry, DraftAdd,
                       DraftAddItem, DraftParamsSpec, DraftRound, DraftRoundItem, Error, Free, Hello, Jit, JitItem,
-                      JitResult, Outcome, Outcomes, Ping, Pong, Prefill, PrefillItem, Prefilled, Ready, SamplingSpec,
-                      SeqLogprobs, Verify, VerifyItem, WireError, decode, encode)
+                      JitResult, Outcome, Outcomes, Ping, Pong, Prefill, PrefillItem, Prefilled, PromptLogprobs, Ready,
+                      SamplingSpec, SeqLogprobs, Verify, VerifyItem, WireError, decode, encode)
 
 ROW_A = ([3, 17, 40], [0.5, 0.25, 0.25])         # float32-exact probabilities round-trip exactly
 ROW_B = ([0, 2**31 - 1], [1.0, 0.0])
 SAMPLING = SamplingSpec(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, seed=2**64 - 1, presence_penalty=-2.0,
                         frequency_penalty=0.5, repetition_penalty=1.2, logit_bias=[(0, -100.0), (2**31 - 1, 3.5)],
-                        min_tokens=3, ending=[2, 7], seed_stream=True)
+                        min_tokens=3, ending=[2, 7], seed_stream=True, prompt_logprobs=20)
 DRAFT_PARAMS = DraftParamsSpec(temperature=1.0, top_k=32, saguaro_c=0.5, saguaro_f=3, seed=None)
 COUPLED = DraftParamsSpec(temperature=0.5, top_k=4, saguaro_c=1.0, saguaro_f=0, seed=9, coupled=True, top_p=0.5,
                           min_p=0.25, constraint_kind="regex", constraint="[0-9]+")
@@ -33,7 +33,9 @@ EXAMPLES = [
     Prefill(items=[PrefillItem(seq=1, tokens=[1, 2, 3], sampling=SAMPLING, prompt_len=2),
                    PrefillItem(seq=2, tokens=[], sampling=SamplingSpec(0.0, 0, 1.0, 0.0, None))], features=True),
     Prefilled(items=[(1, 42), (2, 7)], elapsed_s=0.0125, features=[(1, 0, HALVES), (2, 2**63 - 1, b"")],
-              logprobs=[SeqLogprobs(seq=2, logprobs=[-0.0], top_ids=[], top_logprobs=[])]),
+              logprobs=[SeqLogprobs(seq=2, logprobs=[-0.0], top_ids=[], top_logprobs=[])],
+              prompt_logprobs=[PromptLogprobs(seq=1, logprobs=[-0.5, -3.0], ranks=[1, 2**31 - 1], top_ids=[4, 9],
+                                              top_logprobs=[-0.5, -0.75])]),
     Verify(batch_id=9, items=[VerifyItem(seq=1, tokens=[3, 0], proposal=[ROW_A, ROW_B]),
                               VerifyItem(seq=2, tokens=[5], proposal=None)], features=False),
     Outcomes(batch_id=9, items=[Outcome(seq=1, accepted=2, token=11), Outcome(seq=2, accepted=0, token=5)],
@@ -174,14 +176,15 @@ def test_field_rejections_name_message_and_field():
     rejects(frames(Outcomes, 1, [[1, 2]], 0.1, [], []), "Outcomes.items[0]: expected the 3 fields")
     rejects(frames(Outcomes, 1, [], 0.1), "Outcomes: expected the 5 fields", "got 3 values")   # a version-1 payload
     rejects(frames(Ready, "router", "m", "h", 1, 1, 1, [], 0), "Ready.role: expected one of ('target', 'draft')")
-    rejects(frames(Prefilled, [[1, 2, 3]], 0.1, [], []), "Prefilled.items[0]: expected an array of 2")
+    rejects(frames(Prefilled, [[1, 2, 3]], 0.1, [], [], []), "Prefilled.items[0]: expected an array of 2")
     rejects(frames(DraftRound, [[1, 0, [5], [1, 2**31], None]], []), "DraftRound.items[0].spec[1]", "2**31")
     rejects(frames(DraftRound, []), "DraftRound: expected the 2 fields", "got 1 values")   # a version-2 payload
     rejects(frames(DraftRound, [], [2, "1"]), "DraftRound.fanout[1]: expected an int")
-    spec = [0.5, 0, 1.0, 0.0, None, 0.0, 0.0, 1.0, [], 0, [], None, False, "", ""]
+    spec = [0.5, 0, 1.0, 0.0, None, 0.0, 0.0, 1.0, [], 0, [], None, False, "", "", None]
     rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, *spec[3:]], 0]], False), "Prefill.items[0].sampling.top_p")
-    rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, 0.0, None], 0]], False), "sampling: expected the 15 fields")
-    rejects(frames(Prefill, [[1, [1], spec[:12] + [1, "", ""], 0]], False), "Prefill.items[0].sampling.seed_stream: expected a bool")
+    rejects(frames(Prefill, [[1, [1], [0.5, 0, 2.0, 0.0, None], 0]], False), "sampling: expected the 16 fields")
+    rejects(frames(Prefill, [[1, [1], spec[:12] + [1, "", "", None], 0]], False), "Prefill.items[0].sampling.seed_stream: expected a bool")
+    rejects(frames(Prefill, [[1, [1], spec[:15] + [-1], 0]], False), "Prefill.items[0].sampling.prompt_logprobs")
     rejects(frames(Prefill, [[1, [1], spec[:5] + [2.5] + spec[6:], 0]], False),
             "Prefill.items[0].sampling.presence_penalty: expected a finite float in [-2.0, 2.0]")
     rejects(frames(Prefill, [[1, [1], spec[:8] + [[[3, 101.0]]] + spec[9:], 0]], False),
@@ -199,10 +202,12 @@ def test_feature_rejections():
     rejects(frames(Prefill, [], None), "Prefill.features: expected a bool, got NoneType")
     rejects(frames(Ready, "draft", "m", "h", 1, 1, 1, [], -1), "Ready.feature_size: expected an int")
     rejects(frames(Outcomes, 1, [], 0.1, [[1, 0, b"\x00" * 3]], []), "Outcomes.features[0][2]", "even", "got 3 bytes")
-    rejects(frames(Prefilled, [], 0.1, [[1, 0, "ab"]], []), "Prefilled.features[0][2]", "got str 'ab'")
-    rejects(frames(Prefilled, [], 0.1, [[1, -1, b""]], []), "Prefilled.features[0][1]: expected an int in [0, 2**63)")
-    rejects(frames(Prefilled, [], 0.1, [[1, b""]], []), "Prefilled.features[0]: expected an array of 3")
-    rejects(frames(Prefilled, [], 0.1, [[1, 0, b""]] * (MAX_ITEMS + 1), []), "Prefilled.features", "MAX_ITEMS")
+    rejects(frames(Prefilled, [], 0.1, [[1, 0, "ab"]], [], []), "Prefilled.features[0][2]", "got str 'ab'")
+    rejects(frames(Prefilled, [], 0.1, [[1, -1, b""]], [], []), "Prefilled.features[0][1]: expected an int in [0, 2**63)")
+    rejects(frames(Prefilled, [], 0.1, [[1, b""]], [], []), "Prefilled.features[0]: expected an array of 3")
+    rejects(frames(Prefilled, [], 0.1, [], [], [[1, [-0.5], [-1], [], []]]), "Prefilled.prompt_logprobs[0].ranks[0]")
+    rejects(frames(Prefilled, [], 0.1, [], [], [[1, [0.5], [1], [], []]]), "Prefilled.prompt_logprobs[0].logprobs[0]")
+    rejects(frames(Prefilled, [], 0.1, [[1, 0, b""]] * (MAX_ITEMS + 1), [], []), "Prefilled.features", "MAX_ITEMS")
     add = [1, [1], [1.0, 32, 0.5, 3, None, False, 1.0, 0.0, "", ""]]
     rejects(frames(DraftAdd, [add + [[0, b"\x00"], 0]]), "DraftAdd.items[0].features[1]", "got 1 bytes")
     rejects(frames(DraftAdd, [add + [[2**63, b""], 0]]), "DraftAdd.items[0].features[0]", "2**63")

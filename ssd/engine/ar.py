@@ -7,7 +7,9 @@ decode step needs a block and none is free, the most recently admitted sequence 
 dropped and it goes back to the front of the queue, to be recomputed (prompt and output so far) when it fits.
 The same model code and sampling (penalties and biases included: `ssd.sampling.penalize` on each step's logits)
 serve SD and SSD, so this engine is the reference they must match. A constrained sequence
-(`SamplingParams.constraint`) has each step's logits masked to its grammar after the penalties.
+(`SamplingParams.constraint`) has each step's logits masked to its grammar after the penalties. A sequence that
+asks for prompt logprobs is admitted the first time without a prefix-cache lookup, so its prefill computes every
+prompt position (`Sequence.prompt_logprobs`).
 """
 from __future__ import annotations
 
@@ -61,7 +63,13 @@ class AREngine(Engine):
             rows = [(s.prompt + s.output)[c:] for s, c in zip(batch, cached)]
             fb = ForwardBatch.ragged(rows, cached, [s.slot for s in batch], device=self.device)
             lengths = torch.tensor([len(r) - 1 for r in rows], device=self.device)
-            hidden = self.forward(fb, self.cache)[torch.arange(len(batch), device=self.device), lengths]
+            every = self.forward(fb, self.cache)
+            hidden = every[torch.arange(len(batch), device=self.device), lengths]
+            for b, s in enumerate(batch):   # admitted without a prefix-cache lookup: every prompt position is here
+                if s.params.prompt_logprobs is not None and s.prompt_logprobs is None:
+                    n = len(s.prompt)
+                    s.prompt_logprobs = [None] + token_logprobs(self.model.logits(every[b, :n - 1]), s.prompt[1:],
+                                                                s.params.prompt_logprobs, ranks=True)
             self.prefill_tokens += sum(len(r) for r in rows)
             if self.prefix_caching:
                 for s in batch:
@@ -115,12 +123,14 @@ class AREngine(Engine):
             seq = self.waiting[0]
             tokens = seq.prompt + seq.output
             slot = self.cache.allocate()
-            hit = self.cache.match_prefix(slot, tokens) if self.prefix_caching else 0
+            whole = seq.params.prompt_logprobs is not None and seq.prompt_logprobs is None   # every position
+            hit = self.cache.match_prefix(slot, tokens) if self.prefix_caching and not whole else 0
             need = self.cache.blocks_needed(slot, len(tokens))
             headroom = len(self.running) + len(batch)
             if not self.cache.blocks.can_allocate(need + headroom):
                 self.cache.release(slot)
-                self.cache.blocks.stats.unquery(len(tokens) - 1, hit)
+                if self.prefix_caching and not whole:
+                    self.cache.blocks.stats.unquery(len(tokens) - 1, hit)
                 break
             self.cache.ensure(slot, len(tokens))
             seq.slot = slot

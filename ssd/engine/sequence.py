@@ -22,6 +22,8 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stats: object = None  # SpecStats for speculative engines
     logprobs: list = field(default_factory=list)   # a TokenLogprob per output token, when params.logprobs is set
+    # when params.prompt_logprobs is set: None for the first prompt token, then a TokenLogprob (with rank) per token
+    prompt_logprobs: list | None = None
 
     def __post_init__(self):
         if self.generator is None:

@@ -115,6 +115,8 @@ class _Events:
             self.seq.output.extend(value)
         elif kind == "logprobs":
             self.seq.logprobs.extend(value)
+        elif kind == "prompt_logprobs":
+            self.seq.prompt_logprobs = value
         elif kind == "done":
             self.seq.finish_reason = value
         else:

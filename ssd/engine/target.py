@@ -52,6 +52,7 @@ class _TargetSeq:
     kv: int = 0     # tokens[:kv] have KV in the cache (0 after preemption: recomputed when next used)
     used: int = 0   # the last forward that used it (preemption takes the least recently used first)
     matcher: Matcher | None = None   # the constraint's grammar state after tokens[prompt_len:]
+    whole: bool = False   # its prefill computes every prompt position (prompt logprobs): no prefix-cache lookup
 
 
 class TargetWorker:
@@ -83,6 +84,7 @@ class TargetWorker:
         self._forwards = 0
         self.last_features: dict = {}   # seq_id -> FeatureBlock of the last prefill/verify (with features=True)
         self.last_logprobs: dict = {}   # seq_id -> [TokenLogprob] of the tokens the last prefill/verify committed
+        self.last_prompt_logprobs: dict = {}   # seq_id -> [TokenLogprob] of prompt tokens 1.., of the last prefill
 
     def _grammar_tokenizer(self):
         if self._grammar is None:
@@ -108,10 +110,21 @@ class TargetWorker:
     @torch.inference_mode()
     def prefill(self, requests: list[tuple[int, list[int], SamplingParams]], features: bool = False) -> list[int]:
         """Add sequences and return each one's first generated token. With `features`, `last_features` holds
-        the features of the prompt positions this call computed (prefix-cache hits are not recomputed)."""
+        the features of the prompt positions this call computed (prefix-cache hits are not recomputed). A
+        sequence whose params ask for `prompt_logprobs` skips the prefix cache, so this forward computes every
+        prompt position; `last_prompt_logprobs` holds them (a TokenLogprob per prompt token after the first)."""
         new = self._add(requests, lambda n: 0 < n < self.max_len, "prompt length {n} must be in 1..{m}")
+        for s in new:
+            s.whole = s.params.prompt_logprobs is not None
         hidden, blocks = self._run([(s, []) for s in new], prefill=True, features=features)
         self.last_features = {seq_id: blk for (seq_id, *_), blk in zip(requests, blocks)}
+        self.last_prompt_logprobs = {}
+        for b, s in enumerate(new):
+            if s.whole:   # hidden[b] holds every prompt position: row i predicts token i + 1
+                rows = self.model.logits(hidden[b][:-1])
+                self.last_prompt_logprobs[requests[b][0]] = token_logprobs(rows, s.tokens[1:len(hidden[b])],
+                                                                           s.params.prompt_logprobs, ranks=True)
+                hidden[b], s.whole = hidden[b][-1:], False
         logits = self.model.logits(torch.cat(hidden))
         raw = {b: logits[b:b + 1] for b, s in enumerate(new) if s.params.logprobs is not None}
         if any(s.params.penalized or s.matcher for s in new):
@@ -160,7 +173,8 @@ class TargetWorker:
     def _run(self, pairs: list[tuple[_TargetSeq, list[int]]], prefill: bool = False,
              features: bool = False) -> tuple[list[torch.Tensor], list[FeatureBlock]]:
         """Forward each sequence's tokens without KV plus `extra` speculated tokens; returns, per pair, the
-        hidden states of its last committed token and the extra ones. Runs in chunks when KV is short. With
+        hidden states of its last committed token and the extra ones (of all its tokens when it is `whole`: a
+        whole sequence has no KV, so all are computed). Runs in chunks of whole sequences when KV is short. With
         `features`, also per pair the pre-norm hidden states of every position computed (else no blocks)."""
         out: list[torch.Tensor] = []
         blocks: list[FeatureBlock] = []
@@ -175,7 +189,8 @@ class TargetWorker:
             if features:
                 hidden, pre = hidden
             for r, (s, extra) in enumerate(chunk):
-                n, m = len(rows[r]), len(extra) + 1
+                n = len(rows[r])
+                m = n if s.whole else len(extra) + 1
                 out.append(hidden[r, n - m:n])
                 if features:
                     blocks.append(FeatureBlock(s.kv, pre[r, :n].to(torch.float16)))
@@ -197,7 +212,7 @@ class TargetWorker:
         for k in range(i, len(pairs)):
             s, extra = pairs[k]
             chunk.add(id(s))
-            if s.kv == 0 and not self.cache.tables[s.slot] and self.prefix_caching:
+            if s.kv == 0 and not self.cache.tables[s.slot] and self.prefix_caching and not s.whole:
                 s.kv = self.cache.match_prefix(s.slot, s.tokens)
             need = self.cache.blocks_needed(s.slot, len(s.tokens) + len(extra))
             while not self.cache.blocks.can_allocate(need):

@@ -13,7 +13,8 @@ sequences (the final pre-norm hidden states, float16): `Prefilled.features` and 
 messages merged into one forward compute features if any of them asked; only those that asked get them. A
 message carries at most `wire.MAX_FEATURE_BYTES` of features: beyond that each block loses its oldest rows
 (the draft reads missing rows as zeros). A sequence whose sampling asks for logprobs gets, with every reply that
-commits tokens for it, their log-probabilities and top alternatives (`wire.SeqLogprobs`).
+commits tokens for it, their log-probabilities and top alternatives (`wire.SeqLogprobs`); one that asks for
+prompt logprobs gets those of its prompt in its `Prefilled`, a reply of its own (at most MAX_ROW_ENTRIES of them).
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def sampling_params(s: wire.SamplingSpec, vocab: int) -> SamplingParams:
                           repetition_penalty=s.repetition_penalty, logit_bias=s.logit_bias, min_tokens=s.min_tokens,
                           stop_token_ids=tuple(s.ending), ignore_eos=True, logprobs=s.logprobs,
                           seed_stream=s.seed_stream,
-                          constraint=Constraint(s.constraint_kind, s.constraint) if s.constraint_kind else None)
+                          constraint=Constraint(s.constraint_kind, s.constraint) if s.constraint_kind else None,
+                          prompt_logprobs=s.prompt_logprobs)
 
 
 class TargetHandler(Handler):
@@ -89,6 +91,12 @@ class TargetHandler(Handler):
                 self._error(peer, "invalid_argument",
                             f"prompt needs 1..{self.worker.max_len} token ids in [0, {vocab})", item.seq)
                 continue
+            if params.prompt_logprobs is not None and \
+                    (len(item.tokens) - 1) * max(1, params.prompt_logprobs) > wire.MAX_ROW_ENTRIES:
+                self._error(peer, "invalid_argument", f"prompt_logprobs: {len(item.tokens)} prompt tokens with "
+                                                      f"{params.prompt_logprobs} alternatives each exceed the "
+                                                      f"{wire.MAX_ROW_ENTRIES} entries one reply carries", item.seq)
+                continue
             if item.prompt_len > len(item.tokens):
                 self._error(peer, "invalid_argument", f"prompt_len {item.prompt_len} is past the {len(item.tokens)} "
                                                       f"tokens sent", item.seq)
@@ -106,10 +114,16 @@ class TargetHandler(Handler):
                 self.worker.restore(requests)
                 self.endpoint.send(peer, wire.Restored(seqs, time.perf_counter() - t0))
             else:
-                firsts = self.worker.prefill(requests, features=msg.features)
-                features = self._features(peer, seqs) if msg.features else []
-                self.endpoint.send(peer, wire.Prefilled(list(zip(seqs, firsts)), time.perf_counter() - t0, features,
-                                                        self._logprobs(peer, seqs)))
+                firsts = dict(zip(seqs, self.worker.prefill(requests, features=msg.features)))
+                elapsed = time.perf_counter() - t0
+                whole = [seq for seq in seqs if (peer, seq) in self.worker.last_prompt_logprobs]
+                # a sequence with prompt logprobs gets a reply of its own, so that no reply outgrows a frame
+                for group in [[seq for seq in seqs if seq not in whole]] + [[seq] for seq in whole]:
+                    if group:
+                        features = self._features(peer, group) if msg.features else []
+                        self.endpoint.send(peer, wire.Prefilled(
+                            [(seq, firsts[seq]) for seq in group], elapsed, features,
+                            self._logprobs(peer, group), self._prompt_logprobs(peer, group)))
         except ValueError as e:
             for seq in seqs:
                 self._error(peer, "invalid_argument", str(e), seq)
@@ -132,6 +146,17 @@ class TargetHandler(Handler):
             if keep:
                 out.append((seq, *to_wire(block)))
                 room -= row_bytes * keep
+        return out
+
+    def _prompt_logprobs(self, peer: bytes, seqs: list[int]) -> list[wire.PromptLogprobs]:
+        """The last prefill's prompt logprobs of `seqs` (those that asked for them), as the wire carries them."""
+        out = []
+        for seq in seqs:
+            rows = self.worker.last_prompt_logprobs.get((peer, seq))
+            if rows is not None:
+                out.append(wire.PromptLogprobs(seq, [r.logprob for r in rows], [r.rank for r in rows],
+                                               [t for r in rows for t, _ in r.top],
+                                               [lp for r in rows for _, lp in r.top]))
         return out
 
     def _logprobs(self, peer: bytes, seqs: list[int]) -> list[wire.SeqLogprobs]:

@@ -171,7 +171,8 @@ class RoundCore:
         return wire.SamplingSpec(s.temperature, s.top_k, s.top_p, s.min_p, s.seed, s.presence_penalty,
                                  s.frequency_penalty, s.repetition_penalty, list(s.logit_bias), s.min_tokens, ending,
                                  s.logprobs, s.seed_stream, *((s.constraint.kind, s.constraint.text)
-                                                              if s.constraint else ()))
+                                                              if s.constraint else ()),
+                                 prompt_logprobs=s.prompt_logprobs)
 
     # ---- the round ------------------------------------------------------------------------------
     def room(self, req: Request) -> int:

@@ -6,6 +6,7 @@ sequence that asked for them) rebuilds its sequence on the target, a cache entry
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 
@@ -30,10 +31,10 @@ def outcome_problem(req, out: wire.Outcome, copies: int, vocab_size: int) -> str
     return token_problem(out.token, vocab_size)
 
 
-def logprobs_of(req, lp: wire.SeqLogprobs | None, tokens: list[int], vocab_size: int):
+def logprobs_of(req, lp: wire.SeqLogprobs | None, tokens: list[int], vocab_size: int, n: int | None = -1):
     """The TokenLogprobs of `tokens`, which a reply commits for `req` (None if it asked for none), or the problem
-    (a str) with what the target sent."""
-    n = req.params.logprobs
+    (a str) with what the target sent. `n`: the alternatives asked for (default: the request's `logprobs`)."""
+    n = req.params.logprobs if n == -1 else n
     if n is None:
         return None
     if lp is None or len(lp.logprobs) != len(tokens) or not len(lp.top_ids) == len(lp.top_logprobs) == n * len(tokens):
@@ -43,6 +44,21 @@ def logprobs_of(req, lp: wire.SeqLogprobs | None, tokens: list[int], vocab_size:
         return f"an alternative token lies outside the vocabulary [0, {vocab_size})"
     return [TokenLogprob(t, p, tuple(zip(lp.top_ids[i * n:(i + 1) * n], lp.top_logprobs[i * n:(i + 1) * n])))
             for i, (t, p) in enumerate(zip(tokens, lp.logprobs))]
+
+
+def prompt_logprobs_of(req, lp: wire.PromptLogprobs | None, vocab_size: int):
+    """What a `Prefilled` owes a request that asked for prompt logprobs: None for its first prompt token, then a
+    TokenLogprob (with its rank) per prompt token after it (None if it asked for none), or the problem (a str)."""
+    n, tokens = req.params.prompt_logprobs, req.prompt[1:]
+    if n is None:
+        return None
+    if lp is not None and (len(lp.ranks) != len(lp.logprobs) or any(not 0 < r <= vocab_size for r in lp.ranks)):
+        return f"prompt logprobs with {len(lp.ranks)} ranks for {len(lp.logprobs)} tokens, or a rank outside " \
+               f"1..{vocab_size}"
+    rows = logprobs_of(req, lp, tokens, vocab_size, n)
+    if isinstance(rows, str):
+        return f"prompt {rows}"
+    return [None] + [dataclasses.replace(row, rank=r) for row, r in zip(rows, lp.ranks)]
 
 
 def draft_tokens_problem(req, tokens: list[int], proposal, k: int, vocab_size: int) -> str | None:
@@ -82,6 +98,7 @@ class Replies:
         core = self.core
         blocks = {seq: block for seq, *block in msg.features}
         logprobs = {lp.seq: lp for lp in msg.logprobs}
+        prompt_logprobs = {lp.seq: lp for lp in msg.prompt_logprobs}
         counts = Counter(seq for seq, _ in msg.items)
         for seq, token in msg.items:
             req = core.active.get(seq)
@@ -92,9 +109,14 @@ class Replies:
             problem = token_problem(token, core.vocab_size) or \
                 (f"{counts[seq]} first tokens" if counts[seq] > 1 else None)
             lps = logprobs_of(req, logprobs.get(seq), [token], core.vocab_size)
-            if problem or isinstance(lps, str):
-                self._bad_target_reply(worker, req, problem or lps)
+            prompt_lps = prompt_logprobs_of(req, prompt_logprobs.get(seq), core.vocab_size)
+            bad = problem or (lps if isinstance(lps, str) else None) or \
+                (prompt_lps if isinstance(prompt_lps, str) else None)
+            if bad:
+                self._bad_target_reply(worker, req, bad)
                 continue
+            if prompt_lps is not None:   # before the first token, once: a request leaves PREFILL with it
+                req.events.put(("prompt_logprobs", prompt_lps))
             core.features.keep(req, blocks.get(seq))
             core.cache.start_sequence(seq, first_round=0)
             core.commit(req, [token], lps)

@@ -35,7 +35,8 @@ Contract
   ``PrefillItem.prompt_len`` and the ``logprobs`` of ``Prefilled`` and ``Outcomes``; in version 5
   ``SamplingSpec.seed_stream`` and the ``coupled``, ``top_p`` and ``min_p`` of ``DraftParamsSpec``; in version 6
   ``SamplingSpec.constraint_kind`` and ``constraint``, a structured-output grammar; in version 7
-  ``DraftParamsSpec.constraint_kind`` and ``constraint``, and ``DraftAddItem.prompt_len``) come last and have
+  ``SamplingSpec.prompt_logprobs``, ``Prefilled.prompt_logprobs``, ``DraftParamsSpec.constraint_kind`` and
+  ``constraint``, and ``DraftAddItem.prompt_len``) come last and have
   defaults (0, False, empty, None, no penalty), so a message built without them means "no features" ("the
   draft's own fan-out", "no penalty", "no logprobs"); on the wire every field is always present.
 * The codec checks each field, not relations between fields (rows vs tokens): those are the receivers'.
@@ -63,15 +64,15 @@ from ssd.wire.draft import (CacheEntries, CacheEntry, DraftAdd, DraftAddItem, Dr
 from ssd.wire.features import FEATURE_DTYPE, MAX_FEATURE_BYTES, Features, feature_row_bytes, feature_rows
 from ssd.wire.kinds import (MAX_ENTRIES, MAX_FRAME_BYTES, MAX_ITEMS, MAX_ROW_ENTRIES, MAX_ROWS, MAX_STR, MAX_TOKENS,
                             Row, WireError)
-from ssd.wire.target import (Outcome, Outcomes, Prefill, PrefillItem, Prefilled, Restore, Restored, SamplingSpec,
-                             SeqLogprobs, Verify, VerifyItem)
+from ssd.wire.target import (Outcome, Outcomes, Prefill, PrefillItem, Prefilled, PromptLogprobs, Restore, Restored,
+                             SamplingSpec, SeqLogprobs, Verify, VerifyItem)
 
 __all__ = ["FEATURE_DTYPE", "MAX_ARRAYS", "MAX_ENTRIES", "MAX_FEATURE_BYTES", "MAX_FRAME_BYTES", "MAX_ITEMS",
            "MAX_ROWS", "MAX_ROW_ENTRIES", "MAX_STR", "MAX_TOKENS", "MESSAGE_TYPES", "PROTOCOL_VERSION",
            "CacheEntries", "CacheEntry", "DraftAdd", "DraftAddItem", "DraftParamsSpec", "DraftRound",
            "DraftRoundItem", "Error", "Features", "Free", "Hello", "Jit", "JitItem", "JitResult", "Message",
-           "Outcome", "Outcomes", "Ping", "Pong", "Prefill", "PrefillItem", "Prefilled", "Ready", "Restore",
-           "Restored", "Row", "SamplingSpec", "SeqLogprobs", "Verify", "VerifyItem", "WireError", "decode",
+           "Outcome", "Outcomes", "Ping", "Pong", "Prefill", "PrefillItem", "Prefilled", "PromptLogprobs", "Ready",
+           "Restore", "Restored", "Row", "SamplingSpec", "SeqLogprobs", "Verify", "VerifyItem", "WireError", "decode",
            "encode", "feature_row_bytes", "feature_rows"]
 
 Message = (Hello | Ready | Ping | Pong | Prefill | Prefilled | Restore | Restored | Verify | Outcomes | DraftAdd

@@ -18,7 +18,7 @@ from ssd.wire.kinds import (FLAG, ID, LOGIT_BIAS, LOGPROBS, PENALTY, PROPOSAL, R
 @_wire(temperature=SECONDS, top_k=ID, top_p=UNIT, min_p=UNIT, seed=SEED, presence_penalty=PENALTY,
        frequency_penalty=PENALTY, repetition_penalty=REPETITION, logit_bias=LOGIT_BIAS, min_tokens=ID,
        ending=TOKENS, logprobs=_Optional(_Int(6)), seed_stream=FLAG,
-       constraint_kind=STR, constraint=STR)
+       constraint_kind=STR, constraint=STR, prompt_logprobs=_Optional(_Int(6)))
 @dataclass(slots=True)
 class SamplingSpec:
     temperature: float
@@ -38,6 +38,7 @@ class SamplingSpec:
     seed_stream: bool = False     # version 5: the seed starts a stream (else each position's draw is keyed)
     constraint_kind: str = ""     # version 6: structured output (ssd.constraints.KINDS; "" = none) and its text
     constraint: str = ""
+    prompt_logprobs: int | None = None   # version 7: answer with the prompt's logprobs, this many alternatives each
 
 
 @_wire(seq=ID, logprobs=LOGPROBS, top_ids=_Ints("MAX_ROW_ENTRIES"), top_logprobs=LOGPROBS)
@@ -49,6 +50,21 @@ class SeqLogprobs:
     logprobs: list[float]
     top_ids: list[int]         # len(logprobs) * N ids: token i's are [i * N, (i + 1) * N), most probable first
     top_logprobs: list[float]  # their log-probabilities
+
+
+@_wire(seq=ID, logprobs=LOGPROBS, ranks=_Ints("MAX_ROW_ENTRIES"), top_ids=_Ints("MAX_ROW_ENTRIES"),
+       top_logprobs=LOGPROBS)
+@dataclass(slots=True)
+class PromptLogprobs:
+    """Version 7: the target's log-probabilities of a sequence's prompt tokens after the first, each given the
+    tokens before it (asked by SamplingSpec.prompt_logprobs = N), from its prefill: one per token, its rank in the
+    distribution (1 = the most probable), and each token's N most probable alternatives, laid out as in
+    SeqLogprobs."""
+    seq: int
+    logprobs: list[float]
+    ranks: list[int]
+    top_ids: list[int]
+    top_logprobs: list[float]
 
 
 @_wire(seq=ID, tokens=TOKENS, sampling=_SPECS[SamplingSpec], prompt_len=ID)
@@ -68,7 +84,7 @@ class Prefill:
 
 
 @_wire(0x11, items=_List(_tuple(ID, TOKEN), "MAX_ITEMS"), elapsed_s=SECONDS, features=SEQ_FEATURES,
-       logprobs=_items(SeqLogprobs))
+       logprobs=_items(SeqLogprobs), prompt_logprobs=_items(PromptLogprobs))
 @dataclass(slots=True)
 class Prefilled:
     items: list[tuple[int, int]]   # (seq, first_token)
@@ -76,6 +92,8 @@ class Prefilled:
     # (seq, start, data): the features each prefill computed (a prefix-cache hit may skip the first); empty unless asked
     features: list[tuple[int, int, bytes]] = field(default_factory=list)
     logprobs: list[SeqLogprobs] = field(default_factory=list)   # of the first tokens, for the sequences that asked
+    # version 7: of each prompt token after the first (given those before it), for the sequences that asked
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
 
 
 @_wire(0x12, items=_items(PrefillItem))

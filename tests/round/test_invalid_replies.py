@@ -116,6 +116,24 @@ def test_logprobs_reach_the_client_before_their_tokens_and_a_reply_that_owes_the
                             ("tokens", [11, 4])]
 
 
+def test_prompt_logprobs_come_once_before_the_first_token_and_a_prefill_that_owes_them_is_rejected(rig, caplog):
+    core = rig.core
+    params = SamplingParams(max_tokens=40, prompt_logprobs=1)
+    asks, owed, ranks = (core.submit(rid, [5, 6, 7], params, mode="ssd") for rid in ("asks", "owed", "ranks"))
+    core.take_new()
+    (prefill,) = rig.take(wire.Prefill)
+    assert [it.sampling.prompt_logprobs for it in prefill.items] == [1, 1, 1]
+    core.on_message(rig.target, wire.Prefilled(
+        [(asks.seq, 9), (owed.seq, 9), (ranks.seq, 9)], 0.01, [], [],
+        [wire.PromptLogprobs(asks.seq, [-1.5, -0.25], [3, 1], [2, 7], [-0.5, -0.25]),
+         wire.PromptLogprobs(owed.seq, [-1.5], [3], [2], [-0.5]),                 # one token short
+         wire.PromptLogprobs(ranks.seq, [-1.5, -0.25], [3, VOCAB + 1], [2, 7], [-0.5, -0.25])]))
+    assert events(asks) == [("prompt_logprobs", [None, TokenLogprob(6, -1.5, ((2, -0.5),), 3),
+                                                 TokenLogprob(7, -0.25, ((7, -0.25),), 1)]), ("tokens", [9])]
+    assert "prompt logprobs for 1 tokens" in caplog.text and "a rank outside" in caplog.text
+    assert tokens_seen(owed) == tokens_seen(ranks) == [] and owed.phase is ranks.phase is Phase.PREFILL
+
+
 def test_a_target_that_keeps_answering_nonsense_fails_the_request_with_a_clear_error(rig):
     core = rig.core
     (a, b), verify = verifying(rig)
