@@ -145,7 +145,7 @@ class Fanout:
                 logprobs = [lp for d in held for lp in d.logprobs or ()] if self.g.params.logprobs is not None \
                     else None
                 out.append((rank, Delta([t for d in held for t in d.token_ids], "".join(d.text for d in held),
-                                        logprobs=logprobs)))
+                                        logprobs=logprobs, prompt_logprobs=held[0].prompt_logprobs)))
             out.append((rank, self.finals[i]))
         return out
 

@@ -65,6 +65,8 @@ class Delta:
     text: str
     journaled: bool = False  # already in the request journal (the replayed part of a resumed stream)
     logprobs: list[TokenLogprob] | None = None   # one per token id, when the request asked (not for replayed ones)
+    # in a request's first delta, when it asked: None for the first prompt token, then a TokenLogprob per prompt token
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(slots=True)
@@ -95,6 +97,7 @@ class _Output:
         self.emitted_tokens = 0
         self.stopped = False
         self.logprobs: list[TokenLogprob] = []   # of the tokens about to arrive
+        self.prompt_logprobs: list | None = None   # for the first delta
 
     def _find(self, text: str) -> int:
         """Where the first stop string that may end the request starts in `text` (at `self.base`), or -1."""
@@ -138,7 +141,7 @@ class Frontend:
               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, logit_bias: dict | None = None,
               min_tokens: int = 0, logprobs: int | None = None, mode: str = "", k: int = 0, request_id: str = "",
               timeout_s: float | None = None, n: int = 1, best_of: int | None = None,
-              constraint: Constraint | None = None) -> GenerationRequest:
+              constraint: Constraint | None = None, prompt_logprobs: int | None = None) -> GenerationRequest:
         lim = self.limits
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
             raise ValueError(f"n: must be an integer in 1..{MAX_CHOICES}, got {n!r}")
@@ -186,7 +189,7 @@ class Frontend:
                                     ignore_eos=ignore_eos, presence_penalty=presence_penalty,
                                     frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty,
                                     logit_bias=logit_bias, min_tokens=min_tokens, logprobs=logprobs,
-                                    seed_stream=seed_stream, constraint=constraint)
+                                    seed_stream=seed_stream, constraint=constraint, prompt_logprobs=prompt_logprobs)
         except ValueError as e:
             raise ValueError(re.sub(r"^SamplingParams\.(\w+) ", r"\1: ", str(e))) from None
         deadline = time.monotonic() + timeout_s if timeout_s is not None else None
@@ -303,8 +306,13 @@ class Frontend:
         if kind == "logprobs":   # the core sends a commit's logprobs just before its tokens
             out.logprobs.extend(payload)
             return None
+        if kind == "prompt_logprobs":   # before the first tokens: they ride in the first delta
+            out.prompt_logprobs = payload
+            return None
         if kind == "tokens":
             delta = out.push(payload)
+            if out.prompt_logprobs is not None and delta is not None:
+                delta.prompt_logprobs, out.prompt_logprobs = out.prompt_logprobs, None
             if g.params.logprobs is not None and delta is not None:
                 delta.logprobs, out.logprobs = out.logprobs[:len(payload)], out.logprobs[len(payload):]
             if out.stopped:

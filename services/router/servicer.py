@@ -52,7 +52,8 @@ def request_fields(request) -> dict:
                 repetition_penalty=s.repetition_penalty or 1.0, logit_bias=dict(s.logit_bias),
                 min_tokens=request.min_tokens, logprobs=request.logprobs if request.HasField("logprobs") else None,
                 mode="ar" if spec.off else spec.mode, k=spec.k, request_id=request.request_id, n=request.n or 1,
-                best_of=request.best_of or None, constraint=constraint(request))
+                best_of=request.best_of or None, constraint=constraint(request),
+                prompt_logprobs=request.prompt_logprobs if request.HasField("prompt_logprobs") else None)
 
 
 def constraint(request) -> Constraint | None:
@@ -68,7 +69,7 @@ def constraint(request) -> Constraint | None:
 
 
 def logprobs_pb(logprobs) -> list[pb.TokenLogprob]:
-    return [pb.TokenLogprob(token_id=lp.token, logprob=lp.logprob,
+    return [pb.TokenLogprob(token_id=lp.token, logprob=lp.logprob, rank=lp.rank,
                             top=[pb.TopLogprob(token_id=t, logprob=v) for t, v in lp.top]) for lp in logprobs or ()]
 
 
@@ -185,7 +186,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                         context.abort(grpc.StatusCode.ABORTED if isinstance(e, Fenced) else
                                       grpc.StatusCode.UNAVAILABLE, str(e))
                 yield pb.GenerateResponse(request_id=g.request_id, token_ids=item.token_ids, text=item.text,
-                                          logprobs=logprobs_pb(item.logprobs), index=index)
+                                          logprobs=logprobs_pb(item.logprobs), index=index,
+                                          prompt_logprobs=logprobs_pb((item.prompt_logprobs or [None])[1:]))
                 continue
             if item.error is not None:
                 context.abort(grpc.StatusCode.UNAVAILABLE, item.error)

@@ -40,13 +40,15 @@ def build_request(prompt: str | list[int] | list[dict] | None = None, *, chat: b
                   frequency_penalty: float = 0.0, repetition_penalty: float = 0.0,
                   logit_bias: dict[int, float] | None = None, min_tokens: int = 0,
                   logprobs: int | None = None, n: int | None = None,
-                  best_of: int | None = None, constraint: tuple[str, str] | None = None) -> pb.GenerateRequest:
+                  best_of: int | None = None, constraint: tuple[str, str] | None = None,
+                  prompt_logprobs: int | None = None) -> pb.GenerateRequest:
     """The GenerateRequest for a prompt and options. The prompt is raw text (one user chat message when
     chat=True), token ids, or chat messages ({"role", "content"} dicts), which `messages=` may give instead.
     Penalties and biases (`repetition_penalty` 0 = off, like 1) are the target's, applied at every position.
     A `seed` reproduces the tokens in every mode and at any K (each position's draw is keyed by seed and position);
     `seed_stream=True` seeds one random stream instead (reproducible for one mode and K; a little more acceptance).
-    `logprobs` = N: each token's log-probability and its N most probable alternatives (None: none).
+    `logprobs` = N: each token's log-probability and its N most probable alternatives (None: none);
+    `prompt_logprobs` = N: the same for each prompt token after the first (`Result.prompt_logprobs`).
     `n` choices (1..16; each its own sequence, choice i seeded with seed + i), the best n of `best_of` candidates
     by cumulative logprob (n..16). `constraint` = (kind, text): structured output, kind json_object (text ""),
     json_schema (the schema's JSON), regex or lark; the server compiles it."""
@@ -55,7 +57,7 @@ def build_request(prompt: str | list[int] | list[dict] | None = None, *, chat: b
             raise InvalidRequestError("INVALID_ARGUMENT", f"{name}: must be an integer in {low}..16, got {value!r}")
     req = _fill(pb.GenerateRequest(), "", max_tokens=max_tokens, ignore_eos=ignore_eos, request_id=request_id,
                 stop_token_ids=list(stop_token_ids), stop=[stop] if isinstance(stop, str) else list(stop),
-                min_tokens=min_tokens, logprobs=logprobs, n=n, best_of=best_of)
+                min_tokens=min_tokens, logprobs=logprobs, n=n, best_of=best_of, prompt_logprobs=prompt_logprobs)
     _fill(req.sampling, "sampling.", temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
           seed_stream=seed_stream,
           presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,

@@ -37,6 +37,8 @@ class Result:
     request_id: str = ""
     logprobs: list[pb.TokenLogprob] = field(default_factory=list)   # one per token id, when asked
     index: int = 0                                                  # the choice (0..n-1)
+    # when asked (prompt_logprobs=N): one per prompt token after the first (entry i is prompt token i + 1's)
+    prompt_logprobs: list[pb.TokenLogprob] = field(default_factory=list)
 
     @property
     def usage(self) -> pb.Usage:
@@ -50,6 +52,8 @@ class Result:
             self.prompt_tokens, self.completion_tokens = resp.usage.prompt_tokens, resp.usage.completion_tokens
             self.stats = resp.stats
             self.time_to_first_token_s, self.total_time_s = resp.time_to_first_token_s, resp.total_time_s
+        if resp.prompt_logprobs:   # the first response's
+            self.prompt_logprobs = list(resp.prompt_logprobs)
         if not (resp.token_ids or resp.text):
             return None
         delta = Delta(list(resp.token_ids), resp.text, list(resp.logprobs), resp.index)
