@@ -2,8 +2,9 @@
 
 `POST /v1/completions` and `/v1/chat/completions` take OpenAI's fields plus `top_k`, `min_p`, `ignore_eos`,
 `stop_token_ids` and `speculation: {mode, k}`; one prompt, `n` choices (of `best_of` candidates on completions,
-`services/router/choices.py`). Every other field is refused with a 400 naming it unless given at the value that
-changes nothing (`openai_params.py`). `max_tokens` defaults to the rest of the context (the router's
+`services/router/choices.py`), the prompt echoed and its logprobs (`echo`, `prompt_logprobs`: `openai_prompt.py`).
+Every other field is refused with a 400 naming it unless given at the value that changes nothing
+(`openai_params.py`). `max_tokens` defaults to the rest of the context (the router's
 `--max-tokens-default` if set), `temperature` to 1.0. Responses add `ssd`: the request's speculation stats and its
 precise finish reason (OpenAI's `finish_reason` is "length" for LENGTH, else "stop"). `stream` sends Server-Sent
 Events: chunks (one choice each, interleaved as the choices' tokens arrive), each choice's last one with its
@@ -38,6 +39,7 @@ from aiohttp import web
 from services.router import choices
 from services.router.frontend import Final, Frontend
 from services.router.openai_params import STR, get, parse, parse_tokenize
+from services.router.openai_prompt import prompt_reply
 from services.router.openai_replies import CallStream, Reply
 
 log = logging.getLogger("ssd.router")
@@ -183,21 +185,26 @@ class HttpServer:
         return body
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        p = parse(await self._body(request), chat)
+        body = await self._body(request)
+        p = parse(body, chat)
+        pr = prompt_reply(body, chat, p.build["logprobs"], p.stream, self.frontend.tok)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        g = self.frontend.build(**p.build, request_id=rid)
+        g = self.frontend.build(**p.build, request_id=rid, prompt_logprobs=pr.ask)
         if p.user is not None:
             log.debug("request %s from user %r", rid, p.user)
         reply = Reply(chat, rid, self.model_name, int(time.time()),
                       self.frontend.tok if g.params.logprobs is not None else None, tools=p.tools is not None)
+        pr.start(p.build, g.prompt, reply.offsets, g.n)
         items = choices.astream(self.frontend, g)
         async with contextlib.aclosing(items):   # leaving early (or being cancelled) aborts the request
             index, item = await anext(items)     # submit's ValueError surfaces here, before any header is sent
             if isinstance(item, Final) and item.error is not None:
                 raise ApiError(503, item.error, kind="server_error")
             if p.stream:
-                return await self._sse(request, reply, g.n, (index, item), items, p.include_usage)
+                return await self._sse(request, reply, g.n, (index, item), items, p.include_usage,
+                                       functools.partial(pr.chunk, ids=g.prompt), pr.pending)
             texts, logprobs, finals = [[] for _ in range(g.n)], [[] for _ in range(g.n)], [None] * g.n
+            prompt_rows = {}
             while True:
                 if isinstance(item, Final) and item.error is not None:
                     raise ApiError(503, item.error, kind="server_error")
@@ -208,10 +215,16 @@ class HttpServer:
                         break
                 else:
                     logprobs[index] += item.logprobs or ()
+                    if item.prompt_logprobs is not None:
+                        prompt_rows[index] = item.prompt_logprobs
                 index, item = await anext(items)
-            return web.json_response(reply.whole([("".join(t), f, lp) for t, f, lp in zip(texts, finals, logprobs)]))
+            whole = reply.whole([("".join(t), f, lp) for t, f, lp in zip(texts, finals, logprobs)])
+            return web.json_response(pr.whole(whole, g.prompt, prompt_rows))
 
-    async def _sse(self, request: web.Request, reply: Reply, n: int, first, items, include_usage: bool):
+    async def _sse(self, request: web.Request, reply: Reply, n: int, first, items, include_usage: bool,
+                   prompt=lambda chunk, lps: chunk, pending=lambda index: False):
+        """`prompt(chunk, lps)` adds what the prompt adds to a chunk (echo), `pending(index)` whether choice
+        `index` still owes it (its next chunk goes out even if empty)."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         try:
@@ -225,7 +238,8 @@ class HttpServer:
                     await resp.write(_event(error_body(item.error, kind="server_error")))
                     break
                 if isinstance(item, Final):
-                    for chunk in calls[index].final(item) if calls else [reply.chunk(item.text, item, index=index)]:
+                    for chunk in (calls[index].final(item) if calls
+                                  else [prompt(reply.chunk(item.text, item, index=index), None)]):
                         await resp.write(_event(chunk))
                     finals[index] = item
                     if len(finals) == n:
@@ -235,8 +249,9 @@ class HttpServer:
                 elif calls:
                     for chunk in calls[index].delta(item.text, item.logprobs or []):
                         await resp.write(_event(chunk))
-                elif item.text or item.logprobs:
-                    await resp.write(_event(reply.chunk(item.text, logprobs=item.logprobs or (), index=index)))
+                elif item.text or item.logprobs or pending(index):
+                    await resp.write(_event(prompt(reply.chunk(item.text, logprobs=item.logprobs or (), index=index),
+                                                   item.prompt_logprobs)))
                 index, item = await anext(items)
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()

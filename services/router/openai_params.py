@@ -24,9 +24,10 @@ HONOURED = frozenset({"model", "stream", "stream_options", "temperature", "top_p
                       "stop_token_ids", "ignore_eos", "max_tokens", "user", "speculation", "presence_penalty",
                       "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "logprobs", "n",
                       "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                      "structured_outputs", "tools", "tool_choice"})
+                      "structured_outputs", "tools", "tool_choice",
+                      "prompt_logprobs"})   # read, with completions' echo, by openai_prompt.py
 CHAT_ONLY = frozenset({"messages", "max_completion_tokens", "top_logprobs"})
-COMPLETION_ONLY = frozenset({"prompt", "best_of"})
+COMPLETION_ONLY = frozenset({"prompt", "best_of", "echo"})
 # accepted at exactly these values, which change nothing (best_of 1 on chat, as vLLM's chat accepts it)
 NO_OP = {"best_of": (1,), "echo": (False,), "suffix": ("",),
          "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",), "store": (False,),
@@ -38,7 +39,7 @@ NO_OP = {"best_of": (1,), "echo": (False,), "suffix": ("",),
 UNSUPPORTED = frozenset(NO_OP) | {
     "audio", "prediction", "reasoning_effort", "web_search_options", "metadata", "verbosity", "prompt_cache_key",
     "safety_identifier", "guided_decoding_backend",
-    "guided_whitespace_pattern", "allowed_token_ids", "bad_words", "prompt_logprobs",
+    "guided_whitespace_pattern", "allowed_token_ids", "bad_words",
     "truncate_prompt_tokens", "chat_template", "chat_template_kwargs", "documents", "request_id",
     "mm_processor_kwargs", "cache_salt", "kv_transfer_params", "vllm_xargs"}
 STREAM_OPTIONS = {"include_usage": None, "continuous_usage_stats": (False,)}

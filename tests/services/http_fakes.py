@@ -3,6 +3,7 @@ streaming a fixed text's tokens (or a scripted list, then EOS) in chunks of thre
 workers."""
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import threading
@@ -69,6 +70,10 @@ class FakeCore:
         tokens = self.tokens if self.script is None else self.script
         ids = tokens[:req.params.max_tokens]
         end = FinishReason.LENGTH if len(ids) == req.params.max_tokens else FinishReason.EOS
+        if req.params.prompt_logprobs is not None:   # rank 1 + the token's id mod 3
+            n = req.params.prompt_logprobs
+            req.events.put(("prompt_logprobs", [None] + [dataclasses.replace(fake_logprob(t, n), rank=1 + t % 3)
+                                                         for t in req.prompt[1:]]))
         for i in range(0, len(ids), 3):
             time.sleep(self.delay)
             if req.finish is not None:

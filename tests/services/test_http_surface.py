@@ -70,7 +70,14 @@ REFUSED = [  # (endpoint body, extra fields, the param the 400 names)
     (CHAT, {"messages": [{"role": "user", "content": "Hi", "name": "bob"}]}, "messages[0].name"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}]},
      "messages[0].content"),
-    (COMPLETION, {"echo": True}, "echo"),
+    (CHAT, {"echo": True}, "echo"),                        # a completions field
+    (COMPLETION, {"echo": 1}, "echo"),
+    (COMPLETION, {"logprobs": 21, "echo": True}, "logprobs"),
+    (COMPLETION, {"prompt_logprobs": 21}, "prompt_logprobs"),
+    (CHAT, {"prompt_logprobs": -1}, "prompt_logprobs"),
+    (COMPLETION, {"prompt_logprobs": True}, "prompt_logprobs"),
+    (CHAT, {"prompt_logprobs": "3"}, "prompt_logprobs"),
+    (COMPLETION, {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),   # as vLLM
     (COMPLETION, {"best_of": 3, "stream": True}, "best_of"),
     (COMPLETION, {"n": 3, "best_of": 2}, "best_of"),
     (COMPLETION, {"suffix": "end"}, "suffix"),
