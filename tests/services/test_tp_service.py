@@ -1,6 +1,6 @@
 """One target service over two tensor-parallel ranks (gloo, both on one core): greedy output through a real
-stack equals the in-process AR reference, prompt logprobs too; a dead follower takes the target down with a clear log line, and
-followers go with their leader."""
+stack equals the in-process AR reference, prompt logprobs too; a dead follower takes the target down with a
+clear log line, and followers go with their leader."""
 import shutil
 import signal
 import subprocess
