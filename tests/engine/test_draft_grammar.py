@@ -96,3 +96,17 @@ def test_masks_past_the_end_allow_eos_and_leave_the_state_intact(setup):
     assert rows.shape == (4, vocab) and (rows.sum(1) == 1).all() and rows[:, eos].all()
     assert m.mask_after([eos]) is None and np.array_equal(m.mask_after([]), rows[0])
     m.commit([eos])   # the state was left as it was: the EOS still commits
+
+
+def test_seeded_constrained_sampling_is_the_same_in_every_mode(setup):
+    """A seeded sampled constrained request (coupled draws, the draft steered and picking with the target's noise)
+    returns the coupled constrained AR output in sd and ssd: exactness of the steered sampled path."""
+    tok, target, draft, grammar, prompt = setup
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=12, constraint=PATTERN) for s in (3, 4)]
+    ar = AREngine(target, max_batch=2, max_len=MAX_LEN, grammar_tokenizer=grammar).generate([prompt] * 2, params)
+    assert all(s.params.coupled for s in ar)
+    for mode in ("sd", "ssd"):
+        engine = SpeculativeEngine(target, draft, SpecConfig(mode=mode, k=K, budget=4), max_batch=2,
+                                   max_len=MAX_LEN, grammar_tokenizer=grammar)
+        assert [s.output for s in engine.generate([prompt] * 2, params)] == [s.output for s in ar]
+        assert sum(engine.stats.accepted) > 0

@@ -156,6 +156,32 @@ def test_top_p_target_with_speculation(models):
     assert chi_square_p(run(engine, params), exact_ar(target, SamplingParams(**params))) > 1e-3
 
 
+N_LOGPROBS = 6_000
+
+
+def test_sampling_with_logprobs_requested_follows_the_target(models):
+    """Asking for logprobs changes nothing of what is sampled (the same chi-square against the exact target), and
+    each returned logprob is the target's log-softmax at that position given the tokens before it."""
+    target, draft = models
+    engine = SpeculativeEngine(target, draft, SpecConfig(mode="ssd", k=2, budget=6, draft_top_k=0),
+                               max_batch=512, max_len=32)
+    seqs = engine.generate([PROMPT] * N_LOGPROBS, [SamplingParams(seed=i, seed_stream=True, logprobs=2, **PARAMS)
+                                                   for i in range(N_LOGPROBS)])
+    assert chi_square_p([tuple(s.output) for s in seqs], exact_ar(target, SamplingParams(**PARAMS))) > 1e-3
+    assert engine.stats.rounds > 0 and 0 < engine.stats.acceptance_rate < 1
+    distinct = {tuple(s.output): s.logprobs for s in seqs}
+    rows = [PROMPT + list(out) for out in distinct]
+    with torch.inference_mode():
+        logits = target.logits(target(ForwardBatch.ragged(rows, [0] * len(rows), list(range(len(rows)))),
+                                      target.make_cache(len(rows), 16)))
+    exact = torch.log_softmax(logits[:, len(PROMPT) - 1:-1].float(), dim=-1)
+    for (out, lps), row in zip(distinct.items(), exact):
+        assert [lp.token for lp in lps] == list(out)
+        for i, lp in enumerate(lps):
+            assert abs(lp.logprob - float(row[i, out[i]])) < 1e-4
+            assert [t for t, _ in lp.top] == row[i].topk(2).indices.tolist()
+
+
 N_COUPLED = 6_000
 
 

@@ -1,6 +1,7 @@
 """One target service over two tensor-parallel ranks (gloo, both on one core): greedy output through a real
-stack equals the in-process AR reference, prompt logprobs too; a dead follower takes the target down with a
+stack equals the in-process AR reference, prompt logprobs and a constrained output too; a dead follower takes the target down with a
 clear log line, and followers go with their leader."""
+import re
 import shutil
 import signal
 import subprocess
@@ -12,11 +13,13 @@ import pytest
 
 from ssd.cli.launcher import Stack, StackConfig
 from ssd.client import Client
+from ssd.constraints import Constraint, grammar_tokenizer
 from ssd.control import describe, wait_serving
 from ssd.engine.ar import AREngine
 from ssd.models.loader import load_model
 from ssd.models.parallel import free_port
 from ssd.sampling import SamplingParams
+from ssd.tokenizer import Tokenizer
 
 N_PROMPTS, N_TOKENS = 2, 16
 
@@ -61,6 +64,21 @@ def test_prompt_logprobs_through_a_tp2_target_equal_the_in_process_ones(tp_stack
     same = [lp.rank == w.rank and [t.token_id for t in lp.top] == [t for t, _ in w.top]
             for lp, w in zip(got.prompt_logprobs, want.prompt_logprobs[1:])]
     assert sum(same) >= 0.9 * len(same)   # a rank or order may move at a near-tie: the shards sum in another order
+
+
+def test_a_constrained_request_through_a_tp2_target_equals_constrained_ar(tp_stack, default_models):
+    """Every rank masks its verify with the same grammar (the constraint rides the leader's broadcast)."""
+    tok = Tokenizer.from_folder(default_models["target"])
+    target = load_model(default_models["target"])
+    grammar = grammar_tokenizer(default_models["target"], target.cfg.vocab_size, tuple(sorted(tok.eos_token_ids)))
+    pattern = "[0-9]{3}-[A-Z]{3}-[0-9]{3}"
+    messages = [{"role": "user", "content": "Give me a product code."}]
+    (want,) = AREngine(target, max_batch=1, grammar_tokenizer=grammar).generate(
+        [tok.encode(tok.apply_chat_template(messages))],
+        SamplingParams(max_tokens=N_TOKENS, constraint=Constraint("regex", pattern)))
+    with Client(tp_stack.grpc_address, timeout=300) as client:
+        got = client.generate(messages, max_tokens=N_TOKENS, mode="ssd", constraint=("regex", pattern))
+    assert got.token_ids == want.output and re.fullmatch(pattern, got.text)
 
 
 def test_sampled_requests_without_a_seed_run_on_every_rank_alike(tp_stack, chat_prompts):
