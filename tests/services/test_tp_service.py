@@ -1,6 +1,6 @@
 """One target service over two tensor-parallel ranks (gloo, both on one core): greedy output through a real
-stack equals the in-process AR reference, prompt logprobs and a constrained output too; a dead follower takes the target down with a
-clear log line, and followers go with their leader."""
+stack equals the in-process AR reference, prompt logprobs and a constrained output too; a dead follower takes
+the target down with a clear log line, and followers go with their leader."""
 import re
 import shutil
 import signal
