@@ -4,7 +4,9 @@ import time
 
 import pytest
 
-from services.router.journal import Fenced, JournalError, JournalUnavailable, RequestJournal, pack, unpack
+from services.router.journal import (Fenced, JournalError, JournalUnavailable, RequestJournal, pack, unpack,
+                                     unpack_logprobs)
+from ssd.params import TokenLogprob
 from tests.redis_server import RedisServer, needs_redis
 
 pytestmark = needs_redis
@@ -45,6 +47,22 @@ def test_begin_append_finish_and_claim(redis):
     assert b.claim("unknown") is None
     assert a.begin("r1", [5], PARAMS, "fp2") == 1  # a finished id may be reused
     assert a.claim("r1").tokens == []
+
+
+def test_logprobs_are_journaled_with_their_tokens(redis):
+    a, b = RequestJournal(redis.url, "router-a"), RequestJournal(redis.url, "router-b")
+    rows = [TokenLogprob(10, -0.25, ((10, -0.25), (3, -1.5))), TokenLogprob(11, -2.0000000000000004, ()),
+            TokenLogprob(12, -1e-9, ((12, -1e-9),))]
+    a.begin("lp", [1], PARAMS, "fp")
+    a.append("lp", 1, [10, 11], rows[:2])
+    a.append("lp", 1, [12], rows[2:])
+    rec = b.claim("lp")
+    assert rec.tokens == [10, 11, 12] and rec.logprobs == rows   # exactly, floats included
+    a.begin("plain", [1], PARAMS, "fp")
+    a.append("plain", 1, [5])
+    assert b.claim("plain").logprobs == []
+    with pytest.raises(JournalError, match="corrupt logprob journal"):
+        unpack_logprobs(b"[1, 2\n")
 
 
 def test_records_expire_after_their_ttl(redis):

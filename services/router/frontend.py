@@ -57,6 +57,7 @@ class GenerationRequest:
     epoch: int = 0                                     # the journal epoch this router holds (0: no journal)
     n: int = 1                                         # choices to return
     best_of: int = 1                                   # candidates to run (>= n): the best n are returned
+    resumed_logprobs: list[TokenLogprob] = field(default_factory=list)   # the journal's, one per resumed token
 
 
 @dataclass(slots=True)
@@ -64,7 +65,7 @@ class Delta:
     token_ids: list[int]
     text: str
     journaled: bool = False  # already in the request journal (the replayed part of a resumed stream)
-    logprobs: list[TokenLogprob] | None = None   # one per token id, when the request asked (not for replayed ones)
+    logprobs: list[TokenLogprob] | None = None   # one per token id, when the request asked (replayed: the journal's)
     # in a request's first delta, when it asked: None for the first prompt token, then a TokenLogprob per prompt token
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
@@ -278,7 +279,8 @@ class Frontend:
         deadline = time.monotonic() + timeout_s if timeout_s is not None else None
         finished = FinishReason(record.finish) if record.finish else None
         return GenerationRequest(record.request_id, list(record.prompt), params, stop, mode, k, deadline,
-                                 list(record.tokens), skip, finished, record.epoch)
+                                 list(record.tokens), skip, finished, record.epoch,
+                                 resumed_logprobs=list(record.logprobs))
 
     def _done_before(self, g: GenerationRequest) -> FinishReason | None:
         """Whether the journaled tokens of a resumed request already end it."""
@@ -328,6 +330,8 @@ class Frontend:
         delta = out.push(g.resumed[g.skip:]) if g.skip < len(g.resumed) else None
         if delta is not None:
             delta.journaled = True
+            if g.params.logprobs is not None and len(g.resumed_logprobs) == len(g.resumed):
+                delta.logprobs = g.resumed_logprobs[g.skip:]
             yield delta
         reason = FinishReason.STOP_STRING if out.stopped else self._done_before(g)
         if reason is not None:

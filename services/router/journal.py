@@ -18,8 +18,10 @@ Consistency model (docs/architecture.md, "Request state"):
 
 Redis calls are retried for `retry_s` seconds (a restart or a brief outage is ridden out); after that the
 call raises `JournalUnavailable` and the router fails the request with UNAVAILABLE, which the SDK retries.
-Keys: `{namespace}:req:{request_id}` (a hash) and `{namespace}:req:{request_id}:tok` (token ids, packed
-little-endian uint32, appended with APPEND). Torch-free.
+Keys: `{namespace}:req:{request_id}` (a hash), `{namespace}:req:{request_id}:tok` (token ids, packed
+little-endian uint32, appended with APPEND) and, for a request that asked for logprobs,
+`{namespace}:req:{request_id}:lp` (one JSON line per token: [token, logprob, [[id, logprob], ...]], appended
+with the tokens, so a resumed stream replays them with their logprobs). Torch-free.
 """
 from __future__ import annotations
 
@@ -28,7 +30,9 @@ import json
 import logging
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from ssd.params import TokenLogprob
 
 log = logging.getLogger("ssd.journal")
 
@@ -55,13 +59,16 @@ class Record:
     state: str               # running | finished
     finish: str              # the finish reason's value once finished
     epoch: int
+    logprobs: list[TokenLogprob] = field(default_factory=list)   # one per token, when the request asked for them
 
 
 _APPEND = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
 redis.call('APPEND', KEYS[2], ARGV[2])
+redis.call('APPEND', KEYS[3], ARGV[4])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('EXPIRE', KEYS[3], ARGV[3])
 return redis.call('STRLEN', KEYS[2])
 """
 
@@ -70,6 +77,7 @@ if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
 redis.call('HSET', KEYS[1], 'state', 'finished', 'finish', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('EXPIRE', KEYS[3], ARGV[3])
 return 1
 """
 
@@ -79,21 +87,26 @@ local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
+redis.call('EXPIRE', KEYS[3], ARGV[2])
 local rec = redis.call('HGETALL', KEYS[1])
 local tok = redis.call('GET', KEYS[2])
 if not tok then tok = '' end
-return {rec, tok}
+local lp = redis.call('GET', KEYS[3])
+if not lp then lp = '' end
+return {rec, tok, lp}
 """
 
 # begin: refuse to overwrite a record that is still running (a resume must use claim).
 _BEGIN = """
 if redis.call('HGET', KEYS[1], 'state') == 'running' then return 0 end
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1], 'prompt', ARGV[1], 'params', ARGV[2], 'fingerprint', ARGV[3], 'owner', ARGV[4],
            'epoch', '1', 'state', 'running', 'finish', '')
 redis.call('SET', KEYS[2], '')
+redis.call('SET', KEYS[3], '')
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('EXPIRE', KEYS[3], ARGV[5])
 return 1
 """
 
@@ -106,6 +119,19 @@ def unpack(raw: bytes) -> list[int]:
     if len(raw) % 4:
         raise JournalError(f"corrupt token journal ({len(raw)} bytes is not a whole number of tokens)")
     return list(struct.unpack(f"<{len(raw) // 4}I", raw))
+
+
+def pack_logprobs(logprobs: list[TokenLogprob] | None) -> bytes:
+    return b"".join(json.dumps([lp.token, lp.logprob, [list(t) for t in lp.top]]).encode() + b"\n"
+                    for lp in logprobs or ())
+
+
+def unpack_logprobs(raw: bytes) -> list[TokenLogprob]:
+    try:
+        rows = [json.loads(line) for line in raw.split(b"\n") if line]
+        return [TokenLogprob(int(t), float(v), tuple((int(a), float(b)) for a, b in top)) for t, v, top in rows]
+    except (ValueError, TypeError) as e:
+        raise JournalError(f"corrupt logprob journal: {e}") from e
 
 
 def fingerprint(request_bytes: bytes) -> str:
@@ -131,7 +157,7 @@ class RequestJournal:
                                            ("begin", _BEGIN))}
 
     def keys(self, rid: str) -> list[str]:
-        return [f"{self.namespace}:req:{rid}", f"{self.namespace}:req:{rid}:tok"]
+        return [f"{self.namespace}:req:{rid}", f"{self.namespace}:req:{rid}:tok", f"{self.namespace}:req:{rid}:lp"]
 
     def _call(self, what: str, fn):
         """Runs fn, retrying Redis errors until retry_s has passed; then JournalUnavailable."""
@@ -164,11 +190,11 @@ class RequestJournal:
             raise ValueError(f"request_id: {rid!r} is already running (resume it with resume_from, or use a new id)")
         return 1
 
-    def append(self, rid: str, epoch: int, tokens: list[int]) -> int:
-        """Journals committed tokens; returns how many the journal now holds. Fenced if another router claimed
-        the request."""
+    def append(self, rid: str, epoch: int, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> int:
+        """Journals committed tokens (and their logprobs, one per token, when the request asked); returns how many
+        tokens the journal now holds. Fenced if another router claimed the request."""
         n = self._call("append", lambda: self._scripts["append"](
-            keys=self.keys(rid), args=[str(epoch), pack(tokens), self.ttl_s]))
+            keys=self.keys(rid), args=[str(epoch), pack(tokens), self.ttl_s, pack_logprobs(logprobs)]))
         if n < 0:
             raise Fenced(f"request {rid!r} was resumed on another router")
         return n // 4
@@ -184,11 +210,12 @@ class RequestJournal:
         got = self._call("claim", lambda: self._scripts["claim"](keys=self.keys(rid), args=[self.owner, self.ttl_s]))
         if not got:
             return None
-        flat, tok = got
+        flat, tok, lps = got
         rec = {flat[i].decode(): flat[i + 1] for i in range(0, len(flat), 2)}
         try:
             return Record(rid, unpack(rec["prompt"]), json.loads(rec["params"]), rec["fingerprint"].decode(),
-                          unpack(tok), rec["state"].decode(), rec["finish"].decode(), int(rec["epoch"]))
+                          unpack(tok), rec["state"].decode(), rec["finish"].decode(), int(rec["epoch"]),
+                          unpack_logprobs(lps))
         except (KeyError, ValueError) as e:
             raise JournalError(f"corrupt journal record for request {rid!r}: {e}") from e
 

@@ -179,7 +179,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             if isinstance(item, Delta):
                 if j is not None and item.token_ids and not item.journaled:
                     try:  # write-ahead: the journal has every token before the client does
-                        j.append(g.request_id, g.epoch, item.token_ids)
+                        j.append(g.request_id, g.epoch, item.token_ids, item.logprobs)
                     except (Fenced, JournalUnavailable) as e:
                         for req in running:
                             self.core.abort(req)

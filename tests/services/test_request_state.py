@@ -54,6 +54,20 @@ def test_a_finished_stream_can_be_fetched_again_from_any_router(routers, chat_pr
     assert full.text.endswith("".join(r.text for r in responses))
 
 
+def test_a_resumed_stream_replays_the_logprobs_of_its_journaled_tokens(routers, chat_prompts):
+    a, b = routers.grpc_addresses
+    with Client(a, timeout=300) as client:
+        full = client.generate(chat_prompts[2], max_tokens=16, ignore_eos=True, logprobs=2, request_id="lp-1")
+    assert len(full.logprobs) == 16
+    request = build_request(chat_prompts[2], max_tokens=16, ignore_eos=True, logprobs=2, request_id="lp-1")
+    request.resume_from = 6
+    responses = list(stub(b).Generate(request, timeout=60))
+    replayed = [lp for r in responses for lp in r.logprobs]
+    assert [t for r in responses for t in r.token_ids] == full.token_ids[6:]
+    assert [(lp.token_id, lp.logprob, [t.token_id for t in lp.top]) for lp in replayed] == \
+        [(lp.token_id, lp.logprob, [t.token_id for t in lp.top]) for lp in full.logprobs[6:]]
+
+
 def test_resuming_needs_the_same_request(routers, chat_prompts):
     request = build_request(chat_prompts[1], max_tokens=N - 1, ignore_eos=True, request_id="done-1")
     request.resume_from = 3
