@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,24 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 from ssd.engine.ar import AREngine  # noqa: E402
-from pair import add_pair_args, load_pair  # noqa: E402
+from pair import add_pair_args, load_pair, run_each as run  # noqa: E402
 from ssd.engine.speculative import SpecConfig, SpeculativeEngine  # noqa: E402
-from ssd.engine.stats import SpecStats  # noqa: E402
 from ssd.prompts import PROMPTS_BY_KIND  # noqa: E402
 from ssd.sampling import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "seeds.json"
-
-
-def run(engine, prompts, params_for) -> tuple[SpecStats, list[list[int]], float]:
-    stats, outputs = SpecStats(), []
-    t0 = time.perf_counter()
-    for i, p in enumerate(prompts):
-        seq = engine.generate([p], params_for(i))[0]
-        if seq.stats is not None:
-            stats.merge(seq.stats)
-        outputs.append(list(seq.output))
-    return stats, outputs, time.perf_counter() - t0
 
 
 def main():

@@ -18,18 +18,16 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pair import add_pair_args, load_pair  # noqa: E402
+from pair import add_pair_args, load_pair, run_each  # noqa: E402
 from ssd.constraints import Constraint, grammar_tokenizer  # noqa: E402
 from ssd.engine.ar import AREngine  # noqa: E402
 from ssd.engine.speculative import SpecConfig, SpeculativeEngine  # noqa: E402
-from ssd.engine.stats import SpecStats  # noqa: E402
 from ssd.sampling import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "steer.json"
@@ -52,17 +50,6 @@ CASES = [
 ]
 
 
-def run(engine, prompts, params) -> tuple[SpecStats, list[list[int]], float]:
-    stats, outputs = SpecStats(), []
-    t0 = time.perf_counter()
-    for p, sp in zip(prompts, params):
-        seq = engine.generate([p], [sp])[0]
-        if seq.stats is not None:
-            stats.merge(seq.stats)
-        outputs.append(list(seq.output))
-    return stats, outputs, time.perf_counter() - t0
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_pair_args(ap, RESULTS)
@@ -73,7 +60,7 @@ def main():
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p, _ in CASES]
     params = [SamplingParams(max_tokens=args.new_tokens, constraint=c) for _, c in CASES]
     ar = AREngine(target, max_batch=1, grammar_tokenizer=grammar)
-    _, ar_out, ar_wall = run(ar, prompts, params)
+    _, ar_out, ar_wall = run_each(ar, prompts, lambda i: [params[i]])
     rows = []
     for mode in ("sd", "ssd"):
         for way in ("unsteered", "steered (default)"):
@@ -81,7 +68,7 @@ def main():
                                        grammar_tokenizer=grammar)
             if way == "unsteered":
                 engine.draft._grammar = None
-            stats, out, wall = run(engine, prompts, params)
+            stats, out, wall = run_each(engine, prompts, lambda i: [params[i]])
             row = {"mode": mode, "k": args.k, "draft": way,
                    "acceptance_rate": round(stats.acceptance_rate, 4),
                    "tokens_per_round": round(stats.tokens_per_round, 4),

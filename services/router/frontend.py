@@ -348,14 +348,19 @@ class Frontend:
         if on_start is not None:
             on_start(req)
         while True:
-            item = self._handle(req, out, req.events.get(), g)
-            if item is not None:
-                yield item
-            if out.stopped:
-                yield self._final(req, out, FinishReason.STOP_STRING, g=g)
+            items = self._items(req, out, req.events.get(), g)
+            yield from items
+            if items and isinstance(items[-1], Final):
                 return
-            if isinstance(item, Final):
-                return
+
+    def _items(self, req, out: _Output, event, g: GenerationRequest) -> list:
+        """What one event of the request yields: a Delta or Final, or nothing; a Final last when it ends (a stop
+        string found ends it too)."""
+        item = self._handle(req, out, event, g)
+        items = [] if item is None else [item]
+        if out.stopped and not isinstance(item, Final):
+            items.append(self._final(req, out, FinishReason.STOP_STRING, g=g))
+        return items
 
     async def astream(self, g: GenerationRequest):
         """The asyncio version of `stream` (for the HTTP server); aborts the request if the consumer leaves."""
@@ -365,13 +370,10 @@ class Frontend:
         out = _Output(self.tok, g.stop, g.params.min_tokens)
         try:
             while True:
-                item = self._handle(req, out, await q.get(), g)
-                if item is not None:
+                items = self._items(req, out, await q.get(), g)
+                for item in items:
                     yield item
-                if out.stopped:
-                    yield self._final(req, out, FinishReason.STOP_STRING, g=g)
-                    return
-                if isinstance(item, Final):
+                if items and isinstance(items[-1], Final):
                     return
         finally:
             if req.finish is None:

@@ -1,6 +1,7 @@
 """A fake round core for the HTTP API's tests: what `Frontend` and `HttpServer` need of `ssd.round.RoundCore`,
-streaming a fixed text's tokens (or a scripted list, then EOS) in chunks of three from a thread, as the round core does, so the tests need no
-workers."""
+streaming a fixed text's tokens (or a scripted list, then EOS) in chunks of three from a thread, as the round core
+does, so the tests need no workers. Also the fixtures those tests share: `tok` and `served` (a real HttpServer
+over a FakeCore: (port, core)), imported by each test module that uses them."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,6 +11,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import NamedTuple
+
+import openai
+import pytest
 
 from ssd.engine.stats import SpecStats
 from ssd.params import FinishReason, SamplingParams, TokenLogprob
@@ -100,6 +105,27 @@ def serve(tok, ready=True, metrics=True, **server):
     render = (lambda: (b"ssd_up 1\n", "text/plain; version=0.0.4; charset=utf-8")) if metrics else None
     srv = HttpServer(Frontend(core, tok), MODEL, render, port=0, **server)
     return srv, srv.start(), core
+
+
+class Served(NamedTuple):
+    port: int
+    core: "FakeCore"
+
+
+@pytest.fixture(scope="module")
+def tok(default_models):
+    return Tokenizer.from_folder(default_models["target"])
+
+
+@pytest.fixture(scope="module")
+def served(tok):
+    server, port, core = serve(tok)
+    yield Served(port, core)
+    server.stop()
+
+
+def openai_client(port: int) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=30)
 
 
 def request(port, method, path, body=None, headers=None):

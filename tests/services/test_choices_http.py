@@ -14,20 +14,7 @@ from services.router.choices import Fanout, choice_seed
 from ssd.client import InvalidRequestError, build_request
 from services.router.frontend import Final, Frontend
 from ssd.params import FinishReason
-from ssd.tokenizer import Tokenizer
-from tests.services.http_fakes import MODEL, FakeCore, post_json, request, serve
-
-
-@pytest.fixture(scope="module")
-def tok(default_models):
-    return Tokenizer.from_folder(default_models["target"])
-
-
-@pytest.fixture(scope="module")
-def served(tok):
-    server, port, core = serve(tok)
-    yield SimpleNamespace(port=port, core=core)
-    server.stop()
+from tests.services.http_fakes import MODEL, FakeCore, post_json, request, served, tok  # noqa: F401 (fixtures)
 
 
 def events(raw: bytes) -> list[dict]:

@@ -5,35 +5,20 @@ tests need no workers. Clients: the official `openai` package, and plain HTTP fo
 """
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import time
-from types import SimpleNamespace
 
 import openai
 import pytest
 
 from ssd.params import FinishReason
-from ssd.tokenizer import Tokenizer
 from services.router.frontend import Frontend
-from tests.services.http_fakes import MODEL, TEXT, FakeCore
+from tests.services.http_fakes import MODEL, TEXT, FakeCore, openai_client, served, tok  # noqa: F401 (fixtures)
 from tests.services.http_fakes import assert_error as _assert_error
 from tests.services.http_fakes import post_json as _post_json
 from tests.services.http_fakes import request as _request
 from tests.services.http_fakes import serve as _serve
-
-
-@pytest.fixture(scope="module")
-def tok(default_models):
-    return Tokenizer.from_folder(default_models["target"])
-
-
-@pytest.fixture(scope="module")
-def served(tok):
-    server, port, core = _serve(tok)
-    yield SimpleNamespace(port=port, core=core)
-    server.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +31,7 @@ def _reset(request):
 
 @pytest.fixture
 def client(served):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{served.port}/v1", api_key="x", max_retries=0, timeout=30)
+    return openai_client(served.port)
 
 
 def test_completion_streamed_text_equals_whole_text(client, tok):

@@ -8,30 +8,16 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
-from ssd.tokenizer import Tokenizer
-from tests.services.http_fakes import MODEL, TEXT, post_json, request, serve
+from tests.services.http_fakes import MODEL, TEXT, openai_client, post_json, request, served, tok  # noqa: F401
 
 PROMPT = "Say something about foxes."
 
 
 @pytest.fixture(scope="module")
-def tok(default_models):
-    return Tokenizer.from_folder(default_models["target"])
-
-
-@pytest.fixture(scope="module")
-def served(tok):
-    server, port, core = serve(tok)
-    yield port, core
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def client(served):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{served[0]}/v1", api_key="x", max_retries=0, timeout=30)
+    return openai_client(served.port)
 
 
 def completion(tok, n: int) -> str:

@@ -10,28 +10,16 @@ import pytest
 
 from services.router.auth import ApiKeys
 from services.router.frontend import Frontend, Limits
-from ssd.tokenizer import Tokenizer
-from tests.services.http_fakes import MODEL, FakeCore, assert_error, post_json, request, serve
+from tests.services.http_fakes import (MODEL, FakeCore, assert_error, openai_client, post_json, request,  # noqa: F401
+                                       serve, served, tok)
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 COMPLETION = {"model": MODEL, "prompt": "Hi", "max_tokens": 4}
 
 
-@pytest.fixture(scope="module")
-def tok(default_models):
-    return Tokenizer.from_folder(default_models["target"])
-
-
-@pytest.fixture(scope="module")
-def served(tok):
-    server, port, core = serve(tok)
-    yield port, core
-    server.stop()
-
-
 @pytest.fixture
 def client(served):
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{served[0]}/v1", api_key="x", max_retries=0, timeout=30)
+    return openai_client(served.port)
 
 
 REFUSED = [  # (endpoint body, extra fields, the param the 400 names)

@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 
 import llguidance
-import openai
 import pytest
 
 from ssd.constraints import Constraint, grammar_tokenizer
-from ssd.tokenizer import Tokenizer
 from services.router.openai_structured import choice_grammar
 from services.router.openai_tools import tool_call
-from tests.services.http_fakes import MODEL, serve
+from tests.services.http_fakes import MODEL, openai_client, served, tok  # noqa: F401 (fixtures)
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}
@@ -22,22 +20,10 @@ CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def tok(default_models):
-    return Tokenizer.from_folder(default_models["target"])
-
-
-@pytest.fixture(scope="module")
-def served(tok):
-    server, port, core = serve(tok)
-    yield port, core
-    server.stop()
-
-
 @pytest.fixture
 def client(served):
     served[1].script = None
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{served[0]}/v1", api_key="x", max_retries=0, timeout=30)
+    return openai_client(served.port)
 
 
 def test_the_auto_grammar_takes_a_call_or_text_that_does_not_start_like_one(default_models, tok):
