@@ -14,6 +14,7 @@ from ssd.engine.target_tp import MirroredTarget, follow
 from ssd.models.decoder import ForwardBatch
 from ssd.sampling import SamplingParams
 from tests.engine.perturbed import perturbed, varied_llama
+from tests.tp_channel import ByteChannel
 
 TOP, TOKENS = 3, 8
 PROMPTS = [[5, 17, 99, 3, 42, 8, 64, 21, 7, 11, 90, 33, 12, 4, 77, 50, 6, 19], [9, 31, 2, 45, 100]]
@@ -118,18 +119,8 @@ def test_the_handler_answers_prompt_logprobs_in_a_prefilled_of_their_own_within_
 def test_tensor_parallel_followers_skip_the_prefix_cache_as_the_leader_does(model):
     """Every rank makes the same prefill call, prompt_logprobs included, so all compute every prompt position
     (the collectives inside the forwards meet) and the leader's rows are the reference's."""
-    class Channel:
-        def __init__(self):
-            self.ops = []
-
-        def send(self, data):
-            self.ops.append(bytes(data))
-
-        def recv(self):
-            return self.ops.pop(0)
-
     leader, follower = (TargetWorker(model, max_seqs=4, max_len=64) for _ in range(2))
-    channel = Channel()
+    channel = ByteChannel()
     mirrored = MirroredTarget(leader, channel)
     mirrored.prefill([((b"r", 1), PROMPTS[0], SamplingParams())])
     mirrored.prefill([((b"r", 2), PROMPTS[0], SamplingParams(prompt_logprobs=1))])

@@ -19,6 +19,7 @@ from ssd.models.loader import load_model
 from ssd.params import SamplingParams
 from ssd.round import CoreConfig, Phase, features
 from tests.round.fakes import Rig, ready
+from tests.tp_channel import ByteChannel
 
 PEER = b"router-a"
 GREEDY = wire.SamplingSpec(0.0, 0, 1.0, 0.0, None)
@@ -275,17 +276,7 @@ def test_tensor_parallel_leader_and_followers_make_the_same_calls_features_inclu
             self.calls.append(("verify", [it.seq for it in items], features))
             return []
 
-    class Channel:   # the broadcast's bytes (tp_wire messages), without torch.distributed
-        def __init__(self):
-            self.ops = []
-
-        def send(self, data):
-            self.ops.append(bytes(data))
-
-        def recv(self):
-            return self.ops.pop(0)
-
-    leader, follower, channel = Worker(), Worker(), Channel()
+    leader, follower, channel = Worker(), Worker(), ByteChannel()
     mirrored = MirroredTarget(leader, channel)
     mirrored.prefill([((PEER, 1), [1, 2], SamplingParams())], features=True)
     mirrored.verify([wire.VerifyItem((PEER, 1), [3], None)], features=True)
