@@ -52,19 +52,19 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def test_a_bfloat16_stack_matches_bfloat16_ar_and_halves_the_kv_bytes(default_models, chat_prompts, tmp_path):
-    """bf16 batched kernels may legitimately differ from one-token forwards at near-ties (design.md): the ssd
-    outputs are compared with in-process bf16 AR, a divergence is reported with where it began, and most tokens
-    must agree (a verifier that accepts wrong drafts leaves AR at the first rejection). AR through the stack is held
-    to the same rule: its prompts' KV may come from the prefix cache, written by the ssd run's batched bf16 prefill,
-    so it too can part from in-process AR at a near-tie (in a fresh venv, on every run: prompt 1 from token 11)."""
+    """AR through a bf16 stack equals in-process bf16 AR token for token, each prompt run alone as the stack runs
+    them (a batch of four prompts in one bf16 prefill parts from single prompts at a near-tie: prompt 1 from token
+    11). bf16 batched kernels may legitimately differ from one-token forwards at near-ties (design.md), so the ssd
+    outputs (a verify computes K+1 positions at once) are compared with that AR, a divergence is reported with
+    where it began, and most tokens must agree (a verifier that accepts wrong drafts leaves AR at the first
+    rejection)."""
     from ssd.engine.ar import AREngine
     from ssd.models.loader import load_model
     from ssd.sampling import SamplingParams
 
     n, prompts = 24, chat_prompts[:4]
-    reference = [s.output for s in AREngine(load_model(default_models["target"], dtype=torch.bfloat16),
-                                            max_batch=len(prompts)).generate(
-        prompts, SamplingParams(max_tokens=n, ignore_eos=True))]
+    engine = AREngine(load_model(default_models["target"], dtype=torch.bfloat16), max_batch=1)
+    reference = [engine.generate([p], SamplingParams(max_tokens=n, ignore_eos=True))[0].output for p in prompts]
     cfg = StackConfig(mode="ssd", target_cpus="0", draft_cpus="1", threads=1, log_dir=tmp_path, max_batch=4,
                       draft_model=default_models["draft"],
                       extra={"target": ["--dtype", "bfloat16"], "draft": ["--dtype", "bfloat16"],
@@ -74,12 +74,9 @@ def test_a_bfloat16_stack_matches_bfloat16_ar_and_halves_the_kv_bytes(default_mo
         with Client(stack.grpc_address, timeout=300) as client:
             out = {mode: [client.generate(p, max_tokens=n, ignore_eos=True, mode=mode) for p in prompts]
                    for mode in ("ssd", "ar")}
-    ar_agree = [common_prefix(r.token_ids, ref) for r, ref in zip(out["ar"], reference)]
-    if sum(ar_agree) < n * len(prompts):
-        warnings.warn(f"bfloat16 ar through the stack left in-process bfloat16 AR after {ar_agree} of {n} tokens")
-    assert all(len(r.token_ids) == n for r in out["ar"])
-    assert sum(ar_agree) >= 0.75 * n * len(prompts), (ar_agree, [r.token_ids for r in out["ar"]], reference)
-    # drafts were accepted; cache hits are not required here: a bf16 draft on this CPU can be late every round
+    assert [r.token_ids for r in out["ar"]] == reference
+    # drafts were accepted; cache hits are not required: a bf16 draft on a loaded 2-core CPU can be late every
+    # round (timeliness is not what this test is about)
     assert accepted_drafts(out["ssd"]) > 0
     agree = [common_prefix(r.token_ids, ref) for r, ref in zip(out["ssd"], reference)]
     if sum(agree) < n * len(prompts):
