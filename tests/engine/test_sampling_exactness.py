@@ -204,7 +204,7 @@ def test_coupled_seeded_outputs_follow_target_distribution(models, mode):
 class WrongQDraft(DraftWorker):
     """Draws from the Saguaro-reshaped q but ships the q before reshaping: verification is then biased."""
 
-    def _propose(self, hidden, seqs, positions=None):
+    def _propose(self, hidden, seqs, positions=None, paths=None):
         logits = self.model.logits(hidden)
         p = seqs[0].params
         q = proposal_probs(logits, p.temperature, p.top_k, p.saguaro_c, p.saguaro_f)
