@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pair import add_pair_args, load_pair, run_each  # noqa: E402
-from ssd.constraints import Constraint, grammar_tokenizer  # noqa: E402
+from ssd.constraints import Constraint, grammar_for  # noqa: E402
 from ssd.engine.ar import AREngine  # noqa: E402
 from ssd.engine.speculative import SpecConfig, SpeculativeEngine  # noqa: E402
 from ssd.sampling import SamplingParams  # noqa: E402
@@ -56,7 +56,7 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=48)
     args = ap.parse_args()
     target, draft, tok = load_pair(args)
-    grammar = grammar_tokenizer(args.target, target.cfg.vocab_size, tuple(sorted(tok.eos_token_ids)))
+    grammar = grammar_for(args.target, target.cfg.vocab_size)()
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p, _ in CASES]
     params = [SamplingParams(max_tokens=args.new_tokens, constraint=c) for _, c in CASES]
     ar = AREngine(target, max_batch=1, grammar_tokenizer=grammar)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ssd.constraints import Constraint
+from ssd.constraints import Constraint, Matcher
 from ssd.engine import draft_grammar as grammar
 from ssd.engine.draft_branches import BranchDecoding
 from ssd.engine.draft_features import Chains, FeatureInputs
@@ -90,7 +90,7 @@ class _DraftSeq:
     nfeat: int = 0                                    # the target's features 0..nfeat-1 are known
     fresh: int = 0                                    # KV of positions < fresh was computed from known inputs
     chains: Chains | None = None                      # feature drafts: the last speculations made, with outputs
-    matcher: object = None                            # a constrained sequence's grammar state (draft_grammar)
+    matcher: Matcher | None = None                    # a constrained sequence's grammar state (draft_grammar)
 
 
 class DraftWorker(BranchDecoding):

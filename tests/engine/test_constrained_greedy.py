@@ -8,7 +8,7 @@ import re
 import jsonschema
 import pytest
 
-from ssd.constraints import Constraint, grammar_tokenizer
+from ssd.constraints import Constraint, grammar_for
 from ssd.engine.ar import AREngine
 from ssd.engine.speculative import SpecConfig, SpeculativeEngine
 from ssd.models.loader import load_model
@@ -29,7 +29,7 @@ def pair(default_models):
     tok = Tokenizer.from_folder(default_models["target"])
     target = load_model(default_models["target"])
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p, _ in CASES]
-    grammar = grammar_tokenizer(default_models["target"], target.cfg.vocab_size, tuple(sorted(tok.eos_token_ids)))
+    grammar = grammar_for(default_models["target"], target.cfg.vocab_size)()
     return target, load_model(default_models["draft"]), prompts, tok, grammar
 
 

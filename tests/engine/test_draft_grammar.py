@@ -8,7 +8,7 @@ drafts are steered."""
 import numpy as np
 import pytest
 
-from ssd.constraints import Constraint, Matcher, grammar_tokenizer
+from ssd.constraints import Constraint, Matcher, grammar_for
 from ssd.engine.ar import AREngine
 from ssd.engine.draft import DraftParams, DraftWorker
 from ssd.engine.speculative import SpecConfig, SpeculativeEngine
@@ -25,7 +25,7 @@ K, MAX_LEN = 3, 192
 def setup(default_models):
     tok = Tokenizer.from_folder(default_models["target"])
     target = load_model(default_models["target"])
-    grammar = grammar_tokenizer(default_models["target"], target.cfg.vocab_size, tuple(sorted(tok.eos_token_ids)))
+    grammar = grammar_for(default_models["target"], target.cfg.vocab_size)()
     prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))
     return tok, target, load_model(default_models["draft"]), grammar, prompt
 

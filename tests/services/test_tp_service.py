@@ -13,7 +13,7 @@ import pytest
 
 from ssd.cli.launcher import Stack, StackConfig
 from ssd.client import Client
-from ssd.constraints import Constraint, grammar_tokenizer
+from ssd.constraints import Constraint, grammar_for
 from ssd.control import describe, wait_serving
 from ssd.engine.ar import AREngine
 from ssd.models.loader import load_model
@@ -70,7 +70,7 @@ def test_a_constrained_request_through_a_tp2_target_equals_constrained_ar(tp_sta
     """Every rank masks its verify with the same grammar (the constraint rides the leader's broadcast)."""
     tok = Tokenizer.from_folder(default_models["target"])
     target = load_model(default_models["target"])
-    grammar = grammar_tokenizer(default_models["target"], target.cfg.vocab_size, tuple(sorted(tok.eos_token_ids)))
+    grammar = grammar_for(default_models["target"], target.cfg.vocab_size)()
     pattern = "[0-9]{3}-[A-Z]{3}-[0-9]{3}"
     messages = [{"role": "user", "content": "Give me a product code."}]
     (want,) = AREngine(target, max_batch=1, grammar_tokenizer=grammar).generate(
