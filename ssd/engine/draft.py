@@ -211,30 +211,28 @@ class DraftWorker(BranchDecoding):
         never building full rows. `positions`: each row's token position (coupled rows pick with its noise);
         `paths`: each row's speculated tokens after the committed ones (a constrained row proposes within its
         grammar after them, `draft_grammar`)."""
-        allowed = None if paths is None else grammar.proposal_rows([s.matcher for s in seqs], paths,
-                                                                   self.model.cfg.vocab_size)
+        steered = [] if paths is None else [b for b, s in enumerate(seqs) if s.matcher is not None]
+        if steered and len(steered) < len(seqs):   # the others keep their fast paths (no full-vocabulary rows)
+            others = [b for b in range(len(seqs)) if seqs[b].matcher is None]
+            return _merge(len(seqs), [
+                (steered, self._propose(hidden[steered], [seqs[b] for b in steered], _pick(positions, steered),
+                                        [paths[b] for b in steered])),
+                (others, self._propose(hidden[others], [seqs[b] for b in others], _pick(positions, others)))])
+        allowed = grammar.proposal_rows([s.matcher for s in seqs], paths, self.model.cfg.vocab_size) \
+            if steered else None
         coupled = [b for b, s in enumerate(seqs) if s.params.coupled]
         if not coupled:
             return self._propose_q(hidden, seqs, allowed)
         if positions is None:
             raise ValueError("coupled sequences need the positions of the tokens they propose")
-        tokens: list[int] = [0] * len(seqs)
-        support: list | None = None
         others = [b for b in range(len(seqs)) if not seqs[b].params.coupled]
+        parts = [(coupled, (self._coupled_picks(hidden[coupled], [seqs[b] for b in coupled],
+                                                [positions[b] for b in coupled],
+                                                None if allowed is None else allowed[coupled]), None))]
         if others:
-            picked, rows = self._propose_q(hidden[others], [seqs[b] for b in others],
-                                           None if allowed is None else allowed[others])
-            if rows is not None:
-                support = [None] * len(seqs)
-            for r, b in enumerate(others):
-                tokens[b] = picked[r]
-                if rows is not None:
-                    support[b] = rows[r]
-        for b, t in zip(coupled, self._coupled_picks(hidden[coupled], [seqs[b] for b in coupled],
-                                                     [positions[b] for b in coupled],
-                                                     None if allowed is None else allowed[coupled])):
-            tokens[b] = t
-        return tokens, support
+            parts.append((others, self._propose_q(hidden[others], [seqs[b] for b in others],
+                                                  None if allowed is None else allowed[others])))
+        return _merge(len(seqs), parts)
 
     def _coupled_q(self, hidden: torch.Tensor, seqs: list[_DraftSeq],
                    allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -378,3 +376,21 @@ class DraftWorker(BranchDecoding):
         self.last_jit_step_s = (time.perf_counter() - t0) / max(1, max(k_eff, default=0))
         return specs
 
+
+def _pick(values: list | None, rows: list[int]) -> list | None:
+    return None if values is None else [values[b] for b in rows]
+
+
+def _merge(n: int, parts) -> tuple[list[int], list | None]:
+    """`_propose`'s answer for n rows from the answers of row subsets [(rows, (tokens, support or None))]; the
+    support is None only when no part has one (a row without its own support gets None)."""
+    tokens: list[int] = [0] * n
+    support: list | None = None
+    for rows, (picked, sup) in parts:
+        if sup is not None and support is None:
+            support = [None] * n
+        for r, b in enumerate(rows):
+            tokens[b] = picked[r]
+            if sup is not None:
+                support[b] = sup[r]
+    return tokens, support

@@ -110,3 +110,22 @@ def test_seeded_constrained_sampling_is_the_same_in_every_mode(setup):
                                    max_len=MAX_LEN, grammar_tokenizer=grammar)
         assert [s.output for s in engine.generate([prompt] * 2, params)] == [s.output for s in ar]
         assert sum(engine.stats.accepted) > 0
+
+
+def test_a_batch_mixing_steered_and_free_sequences_steers_only_the_constrained_one(setup):
+    """The steered rows are proposed apart from the others, which keep their own path: the free sequence drafts
+    what it drafts alone, the constrained one stays inside its grammar."""
+    tok, target, draft, grammar, prompt = setup
+    vocab, output = target.cfg.vocab_size, tok.encode("12")
+    alone = DraftWorker(draft, 2, MAX_LEN, K, [4] * (K + 1), grammar_tokenizer=grammar)
+    free_spec, free_entries = drafted(alone, prompt, output, DraftParams())
+    worker = DraftWorker(draft, 2, MAX_LEN, K, [4] * (K + 1), grammar_tokenizer=grammar)
+    worker.add(1, prompt + output, DraftParams(constraint=PATTERN), prompt_len=len(prompt))
+    worker.add(2, prompt + output, DraftParams(), prompt_len=len(prompt))
+    steered, free = worker.jit([1, 2], K)
+    assert free.tokens == free_spec.tokens and inside(grammar, vocab, output, steered.tokens)
+    entries = worker.speculate([(1, steered.tokens), (2, free.tokens)])
+    assert [(e.accepted, e.token, e.tokens) for e in entries[2]] == \
+        [(e.accepted, e.token, e.tokens) for e in free_entries]
+    assert entries[1] and all(inside(grammar, vocab, output, steered.tokens[:e.accepted] + [e.token] + list(e.tokens))
+                              for e in entries[1])
