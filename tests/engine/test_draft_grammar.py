@@ -84,6 +84,8 @@ def test_steering_raises_acceptance_and_keeps_the_output_equal_to_ar(setup):
                 engine.draft._grammar = None
             assert [s.output for s in engine.generate([prompt], params)] == [s.output for s in ar]
             accepted[mode, steered] = sum(engine.stats.accepted)
+            if steered and mode == "ssd":   # and the cache-hit path ran
+                assert engine.stats.cache.get("hit", 0) > 0, engine.stats.cache
         assert accepted[mode, True] > accepted[mode, False], accepted
 
 
@@ -110,6 +112,7 @@ def test_seeded_constrained_sampling_is_the_same_in_every_mode(setup):
                                    max_len=MAX_LEN, grammar_tokenizer=grammar)
         assert [s.output for s in engine.generate([prompt] * 2, params)] == [s.output for s in ar]
         assert sum(engine.stats.accepted) > 0
+        assert mode == "sd" or engine.stats.cache.get("hit", 0) > 0, engine.stats.cache
 
 
 def test_a_batch_mixing_steered_and_free_sequences_steers_only_the_constrained_one(setup):

@@ -79,6 +79,7 @@ def test_a_constrained_request_through_a_tp2_target_equals_constrained_ar(tp_sta
     with Client(tp_stack.grpc_address, timeout=300) as client:
         got = client.generate(messages, max_tokens=N_TOKENS, mode="ssd", constraint=("regex", pattern))
     assert got.token_ids == want.output and re.fullmatch(pattern, got.text)
+    assert got.completion_tokens - 1 - got.stats.rounds > 0 and got.stats.cache_hits > 0   # it speculated
 
 
 def test_sampled_requests_without_a_seed_run_on_every_rank_alike(tp_stack, chat_prompts):
