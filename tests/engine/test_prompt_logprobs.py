@@ -68,6 +68,8 @@ def test_prompt_logprobs_are_the_targets_log_softmax_even_on_a_cached_prompt(mod
     assert (engine.prefix_stats.hit_tokens if mode == "ar" else engine.target.prefix_stats.hit_tokens) == hits
     engine.generate(PROMPTS[:1], [plain])
     assert (engine.prefix_stats.hit_tokens if mode == "ar" else engine.target.prefix_stats.hit_tokens) > hits
+    if mode != "ar":   # and it speculated
+        assert sum(engine.stats.accepted) > 0 and (mode == "sd" or engine.stats.cache.get("hit", 0) > 0)
 
 
 def test_target_worker_computes_every_prompt_position_once_and_a_one_token_prompt_has_none(model):

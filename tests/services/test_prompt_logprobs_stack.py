@@ -39,15 +39,17 @@ def prompt_reference(model, prompt: list[int]) -> torch.Tensor:
         return torch.log_softmax(model.logits(hidden[0, :len(prompt) - 1]).float(), dim=-1)
 
 
-def test_grpc_prompt_logprobs_are_the_targets_and_change_no_token(stack, target, chat_prompts):
+def test_grpc_prompt_logprobs_are_the_targets_and_change_no_token(stack, target, chat_prompts, assert_speculated):
     prompt = chat_prompts[4]
     with Client(stack.grpc_address, timeout=300) as client:
-        plain = client.generate(prompt, max_tokens=TOKENS, ignore_eos=True, mode="ssd")   # caches the prompt
-        asked = client.generate(prompt, max_tokens=TOKENS, ignore_eos=True, mode="ssd", prompt_logprobs=TOP)
+        # 16 tokens: long enough for rounds after the first (a forced miss) to take speculations from the cache
+        plain = client.generate(prompt, max_tokens=16, ignore_eos=True, mode="ssd")   # caches the prompt
+        asked = client.generate(prompt, max_tokens=16, ignore_eos=True, mode="ssd", prompt_logprobs=TOP)
         with pytest.raises(InvalidRequestError) as err:
             client.generate(prompt, max_tokens=TOKENS, prompt_logprobs=21)
     assert "prompt_logprobs" in err.value.details
     assert asked.token_ids == plain.token_ids and plain.prompt_logprobs == []
+    assert_speculated([plain, asked], "ssd")
     want = prompt_reference(target, prompt)
     assert [lp.token_id for lp in asked.prompt_logprobs] == prompt[1:]
     for i, lp in enumerate(asked.prompt_logprobs):
