@@ -6,6 +6,9 @@ concatenated), `offsets` (int64, sequence starts, with the end last), `prompt_le
 index into KINDS) and `features` (fp16, one row per token but each sequence's last). A shard is written
 atomically once its prompts are answered, so an interrupted run resumes at the first missing shard and the
 result does not depend on where it stopped (prompts and sampling seeds are fixed by the seed and the index).
+Several processes may generate into one folder (one core each): a process claims a shard before answering it
+(`shard-NNNNN.claim`, created exclusively, holding its pid) and skips shards another live process has claimed;
+a claim whose process is gone is taken over.
 """
 from __future__ import annotations
 
@@ -127,6 +130,37 @@ def shard_path(out: Path, i: int) -> Path:
     return out / f"shard-{i:05d}.safetensors"
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim_shard(path: Path) -> bool:
+    """Claim the shard at `path` for this process: False when another live process holds it."""
+    claim = path.with_suffix(".claim")
+    for _ in range(2):
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(claim.read_text())
+            except (OSError, ValueError):   # gone meanwhile, or its pid not written yet: held
+                return False
+            if pid == os.getpid() or _alive(pid):
+                return pid == os.getpid()
+            claim.unlink(missing_ok=True)   # its process died: take it over
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
 def generate(target_dir: str | Path, out: str | Path, cfg: DataConfig, log=print) -> Path:
     from ssd.models.loader import load_model
 
@@ -148,11 +182,16 @@ def generate(target_dir: str | Path, out: str | Path, cfg: DataConfig, log=print
             log(f"teacher data: stopping before shard {i + 1}/{n_shards}: the {cfg.seconds:.0f} s budget would "
                 f"run out ({len(took)} shards made in {time.time() - t0:.0f} s)")
             break
+        if not claim_shard(path):
+            continue
         t = time.time()
-        shard = generate_shard(model, tok, items[i * cfg.shard_size:(i + 1) * cfg.shard_size], cfg)
-        tmp = path.with_suffix(".tmp")
-        save_file(shard, str(tmp), metadata={"seed": str(cfg.seed), "prompts": str(cfg.prompts)})
-        os.replace(tmp, path)
+        try:
+            shard = generate_shard(model, tok, items[i * cfg.shard_size:(i + 1) * cfg.shard_size], cfg)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            save_file(shard, str(tmp), metadata={"seed": str(cfg.seed), "prompts": str(cfg.prompts)})
+            os.replace(tmp, path)
+        finally:
+            path.with_suffix(".claim").unlink(missing_ok=True)
         made += int(shard["tokens"].numel())
         n = int(shard["tokens"].numel())
         took.append(time.time() - t)
