@@ -2,11 +2,11 @@
 budget (keeping the shards made), and the "minutes" schedule lays the learning rate's cosine over the training
 budget instead of the step count. A fake clock: no timing in the test."""
 import pytest
-import torch
 
 import ssd.distill.data as data
 from ssd.distill.data import DataConfig, generate, load_shards
 from ssd.distill.train import TrainConfig, _lr
+from tests.distill.shard_fakes import shard_tensors
 
 
 def test_teacher_data_keeps_the_shards_that_fit_its_budget(monkeypatch, tmp_path):
@@ -15,11 +15,7 @@ def test_teacher_data_keeps_the_shards_that_fit_its_budget(monkeypatch, tmp_path
 
     def fake_shard(model, tok, items, cfg):   # each shard takes 10 s of the fake clock
         clock[0] += 10.0
-        n = len(items)
-        return {"tokens": torch.arange(3 * n, dtype=torch.int32),
-                "offsets": torch.arange(0, 3 * n + 1, 3, dtype=torch.int64),
-                "prompt_lens": torch.ones(n, dtype=torch.int32), "kinds": torch.zeros(n, dtype=torch.uint8),
-                "features": torch.zeros(2 * n, 4, dtype=torch.float16)}
+        return shard_tensors(len(items))
 
     monkeypatch.setattr(data, "generate_shard", fake_shard)
     monkeypatch.setattr("ssd.models.loader.load_model", lambda *a, **k: None)

@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 import ssd.distill.data as data
 from ssd.distill.data import DataConfig, claim_shard, generate, load_shards, shard_path
+from tests.distill.shard_fakes import shard_tensors
 
 
 @pytest.fixture
@@ -18,11 +18,7 @@ def fake_target(monkeypatch):
 
     def fake_shard(model, tok, items, cfg):
         made.append(items[0][0] // cfg.shard_size)
-        n = len(items)
-        return {"tokens": torch.arange(3 * n, dtype=torch.int32),
-                "offsets": torch.arange(0, 3 * n + 1, 3, dtype=torch.int64),
-                "prompt_lens": torch.ones(n, dtype=torch.int32), "kinds": torch.zeros(n, dtype=torch.uint8),
-                "features": torch.zeros(2 * n, 4, dtype=torch.float16)}
+        return shard_tensors(len(items))
 
     monkeypatch.setattr(data, "generate_shard", fake_shard)
     monkeypatch.setattr("ssd.models.loader.load_model", lambda *a, **k: None)
