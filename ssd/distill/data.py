@@ -135,8 +135,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:   # alive, under another user
+        pass
     return True
 
 
@@ -151,8 +151,10 @@ def claim_shard(path: Path) -> bool:
                 pid = int(claim.read_text())
             except (OSError, ValueError):   # gone meanwhile, or its pid not written yet: held
                 return False
-            if pid == os.getpid() or _alive(pid):
-                return pid == os.getpid()
+            if pid == os.getpid():
+                return True
+            if _alive(pid):
+                return False
             claim.unlink(missing_ok=True)   # its process died: take it over
             continue
         with os.fdopen(fd, "w") as f:
@@ -187,13 +189,13 @@ def generate(target_dir: str | Path, out: str | Path, cfg: DataConfig, log=print
         t = time.time()
         try:
             shard = generate_shard(model, tok, items[i * cfg.shard_size:(i + 1) * cfg.shard_size], cfg)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp = path.with_suffix(".tmp")   # the claim makes this process the shard's only writer
             save_file(shard, str(tmp), metadata={"seed": str(cfg.seed), "prompts": str(cfg.prompts)})
             os.replace(tmp, path)
         finally:
             path.with_suffix(".claim").unlink(missing_ok=True)
-        made += int(shard["tokens"].numel())
         n = int(shard["tokens"].numel())
+        made += n
         took.append(time.time() - t)
         log(f"shard {i + 1}/{n_shards}: {n} tokens in {time.time() - t:.0f} s "
             f"({n / (time.time() - t):.0f} tok/s incl. prompts; total {made} new tokens, {time.time() - t0:.0f} s)")
