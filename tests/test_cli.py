@@ -76,6 +76,29 @@ def test_up_flags_reach_the_service_command_lines(default_models, monkeypatch):
     assert "--device" not in spawned["router"]
 
 
+def test_up_pin_gives_the_target_its_own_cpu(default_models, monkeypatch):
+    """--pin: the target on CPU 0 alone, the drafts and the router on CPU 1 (a router on the target's core slowed
+    every verify of an SSD round); without it nothing is pinned."""
+    from ssd.cli import build_parser
+    from ssd.cli.launcher import Stack
+    from ssd.cli.up import stack_config
+
+    for pinned in (True, False):
+        args = build_parser().parse_args(["up", "--port", "0", "--http-port", "0", *(["--pin"] if pinned else [])])
+        spawned = {}
+        monkeypatch.setattr(Stack, "_spawn", lambda self, name, role, index, argv: spawned.setdefault(role, argv))
+        stack = Stack(stack_config(args))
+        try:
+            stack.start_target(0)
+            stack.start_draft(0)
+            spawned["router"] = stack._router_args(0, 1.0)
+        finally:
+            stack.stop()
+        cpus = {role: argv[argv.index("--cpus") + 1] if "--cpus" in argv else None for role, argv in spawned.items()}
+        assert cpus == ({"target": "0", "draft": "1", "router": "1"} if pinned else
+                        {"target": None, "draft": None, "router": None})
+
+
 def test_up_defaults_leave_the_services_defaults():
     from ssd.cli import build_parser
     from ssd.cli.up import stack_config

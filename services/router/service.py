@@ -23,6 +23,7 @@ from services.router.loop import RouterLoop, StartupError
 from services.router.metrics import RouterMetrics
 from services.router.servicer import ApiKeyInterceptor, GenerationServicer
 from ssd.control import ControlServer
+from ssd.cpus import pin
 from ssd.curve import client_keys
 from ssd.pb import generation_pb2_grpc as pb_grpc
 from ssd.round import CoreConfig
@@ -97,6 +98,9 @@ class RouterConfig:
                 "(default: no authentication)"})
     curve_worker_key: Path | None = field(default=None, metadata={
         "help": "the CURVE public key (NAME.key) the workers serve with"})
+    cpus: str = field(default="", metadata={
+        "help": "CPU affinity of the router's threads, e.g. '1' (empty = any); beside pinned workers keep it off "
+                "the target's CPUs (`ssd up --pin` puts it with the drafts)"})
     bound_file: Path | None = field(default=None, metadata={
         "help": "once bound, write the addresses actually bound (gRPC, HTTP) to this JSON file, atomically: how "
                 "a router started on port 0 reports its ports (default: none)"})
@@ -132,6 +136,7 @@ def make_discovery(cfg: RouterConfig):
 
 def run(cfg: RouterConfig) -> int:
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s router %(levelname)s %(message)s")
+    pin(cfg.cpus)
     from ssd.paths import target_dir
 
     folder = cfg.model or target_dir(cfg.models_dir)

@@ -98,8 +98,8 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
     ks = tuple(sorted(set(ks or (k,))))
     prompts_all = [p for _, p in PROMPTS_BY_KIND]
     cfg = StackConfig(mode="ssd", drafts=1, models_dir=models_dir, draft_model=draft_model, k=max(ks),
-                      max_batch=max(batches), target_cpus="0", draft_cpus="1", threads=1,
-                      log_dir=Path("bench/results/logs"))
+                      max_batch=max(batches), target_cpus="0", draft_cpus="1", router_cpus="1",
+                      threads=1, log_dir=Path("bench/results/logs"))
     modes = [("ar", 0)] + [(m, kk) for kk in ks for m in ("sd", "ssd")] + [("ssd-auto", 0)]
     rows: dict = {}
     with Stack(cfg) as stack, Client(stack.grpc_address, timeout=3600) as client:
@@ -115,7 +115,7 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
                 f"late {r['late_rate']:.2f}, a {r['acceptance']:.2f}, overhead {r['overhead_fraction']:.3f})")
     result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "new_tokens": new_tokens,
               "prompts": n_prompts, "k": max(ks), "ks": list(ks), "draft": str(draft_model or "default"),
-              "pinning": "target cpu 0, draft cpu 1, 1 torch thread each; router unpinned", "batch": rows}
+              "pinning": "target cpu 0, draft and router cpu 1, 1 torch thread each", "batch": rows}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")

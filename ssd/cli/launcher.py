@@ -89,6 +89,7 @@ class StackConfig:
     host: str = "127.0.0.1"            # the interface the routers' gRPC and HTTP bind (workers stay on loopback)
     target_cpus: str = ""              # e.g. "0": pin the target
     draft_cpus: str = ""               # e.g. "1": pin the drafts
+    router_cpus: str = ""              # e.g. "1": pin the routers (off the target's CPUs: it is the critical path)
     threads: int = 0
     log_dir: Path | None = None        # service logs (default: inherit stderr)
     redis_url: str = ""                # workers register there and the router discovers them (else static)
@@ -203,6 +204,7 @@ class Stack:
                 "--max-batch", str(c.max_batch), "--ready-timeout", str(timeout)]
         args += (["--models-dir", str(c.models_dir)] if c.models_dir else [])
         args += (["--model", str(c.target_model)] if c.target_model else [])
+        args += (["--cpus", c.router_cpus] if c.router_cpus else [])
         args += (["--discovery", "redis", "--redis-url", c.redis_url] if c.redis_url else [])
         args += (["--state-redis-url", c.state_redis_url, "--router-id", f"router{i}"] if c.state_redis_url else [])
         return args

@@ -15,6 +15,7 @@ def add_parsers(sub) -> None:
 
 
 def run(role: str, argv: list[str]) -> int:
+    from ssd.cpus import parse_cpus
     from ssd.service_config import load_config
 
     if role == "target":
@@ -25,6 +26,8 @@ def run(role: str, argv: list[str]) -> int:
         from services.router.service import RouterConfig as Config, run
     try:
         cfg = load_config(Config, argv, role)
+        if cfg.cpus:
+            parse_cpus(cfg.cpus)   # a bad affinity is a flag error, before anything loads
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

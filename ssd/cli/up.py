@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
                     help="sequences generating at once (the router's batch, each worker's KV slots)")
     up.add_argument("--host", default="127.0.0.1",
                     help="interface the router's gRPC and HTTP bind, e.g. 0.0.0.0 (workers stay on loopback)")
-    up.add_argument("--pin", action="store_true", help="pin the target to CPU 0 and drafts to CPU 1, one thread each")
+    up.add_argument("--pin", action="store_true", help="pin the target to CPU 0, the drafts and the router to CPU 1, one torch thread each")
     up.add_argument("--demo", default=None, metavar="PROMPT", help="run one generation, print its stats, stop")
     up.add_argument("--max-restarts", type=int, default=5,
                     help="restarts in a row of a child that keeps exiting before `ssd up` gives up (0 = never restart)")
@@ -66,7 +66,8 @@ def stack_config(args):
                        http_port=args.http_port, k=args.k, target_model=args.model, draft_model=args.draft,
                        max_batch=args.max_batch, device=args.device, dtype=args.dtype, host=args.host.strip(),
                        backup=args.backup, target_cpus="0" if args.pin else "", draft_cpus="1" if args.pin else "",
-                       threads=1 if args.pin else 0, restart=True, max_restarts=args.max_restarts,
+                       router_cpus="1" if args.pin else "", threads=1 if args.pin else 0, restart=True,
+                       max_restarts=args.max_restarts,
                        restart_backoff=args.restart_backoff, extra={role: shlex.split(getattr(args, f"{role}_args"))
                                                                     for role in ("router", "target", "draft")})
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from ssd import tp_wire, wire
 from ssd.constraints import grammar_for
+from ssd.cpus import pin
 from ssd.engine.target import TargetWorker
 from ssd.models.parallel import TPGroup, free_port
 
@@ -154,8 +155,7 @@ def follower_main(rank: int, size: int, port: int, folder: str, settings: dict) 
     logging.basicConfig(level=settings["log_level"].upper(),
                         format=f"%(asctime)s target[rank {rank}] %(levelname)s %(message)s")
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
-    if settings["cpus"]:
-        os.sched_setaffinity(0, {int(c) for c in settings["cpus"].split(",")})
+    pin(settings["cpus"])
     if settings["threads"]:
         torch.set_num_threads(settings["threads"])
     from ssd.models.loader import load_model

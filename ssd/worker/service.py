@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from ssd import wire
 from ssd.control import ControlServer
+from ssd.cpus import pin
 from ssd.curve import server_keys
 from ssd.engine.handler import Handler
 from ssd.service_config import bound_host_port, write_bound_file
@@ -96,8 +97,7 @@ class WorkerConfig:
 
 def setup_process(cfg: WorkerConfig, role: str) -> None:
     logging.basicConfig(level=cfg.log_level.upper(), format=f"%(asctime)s {role} %(levelname)s %(message)s")
-    if cfg.cpus:
-        os.sched_setaffinity(0, {int(c) for c in cfg.cpus.split(",")})
+    pin(cfg.cpus)
     if cfg.threads:
         import torch
         torch.set_num_threads(cfg.threads)
