@@ -231,7 +231,9 @@ class RoundCore:
         if req.mode == "ssd":
             entry, reason = self.cache.lookup(req.seq, rnd.number, j, t)
             self.cache.advance(req.seq, rnd.number + 1)
-            req.stats.count("cache", reason.value)
+            if rnd.drafted or reason is LookupReason.FORCED:
+                # a round the draft was not asked to speculate for (K = 0 chosen) missed nothing: not counted
+                req.stats.count("cache", reason.value)
             if rnd.drafted:   # only a round the draft was asked to speculate for says anything about the drafts
                 self.metrics.cache_lookup(reason.value)
                 self.planner.observe_lookup(req, j, reason)

@@ -313,3 +313,27 @@ def test_a_requests_time_splits_into_queue_prefill_and_decode_as_the_metrics_rep
         assert done_b["queue_s"] is None and done_b["ttft_s"] is None and done_b["outcome"] == "abort"
     finally:
         rig.core.shutdown("the test is over")
+
+
+def test_with_speculation_off_no_draft_round_is_sent_and_no_lookup_is_counted_as_a_miss():
+    """ssd with the adaptive choice at K = 0: a round verifies with no draft tokens, the draft is asked for
+    nothing, and the request's statistics count no cache lookup for it (only the forced one after prefill), so
+    its hit rate speaks of the rounds that were drafted."""
+    rig = make_sd_rig("ssd", adaptive=True, adaptive_fanout=True)
+    core = rig.core
+    try:
+        req = core.submit("off", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd")
+        core.take_new()
+        rig.take(wire.Prefill)
+        core.planner.choice["ssd"] = 0
+        core.planner.adaptive["ssd"].probe_interval = 10 ** 6   # no probe round in this test
+        core.planner.adapt = lambda batch: None                # the choice stays where the test put it
+        core.on_message(rig.target, wire.Prefilled([(req.seq, 9)], 0.01, []))
+        for _ in range(3):
+            core.dispatch()
+            (verify,) = rig.take(wire.Verify)
+            assert verify.items[0].tokens == [] and not rig.take(wire.DraftRound) and not rig.take(wire.Jit)
+            answer(rig, verify)
+        assert req.stats.cache == {"forced": 1} and req.stats.backups == {"none": 4}
+    finally:
+        core.shutdown("the test is over")
