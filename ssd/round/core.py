@@ -147,6 +147,7 @@ class RoundCore:
         for req in reqs:
             self.pool.assign(req, "target", self.pool.pick("target"))
             req.phase = Phase.PREFILL if kind is wire.Prefill else Phase.RESTORE
+            req.last_outcome_at = None   # the wait for a (new) target is not a round's time
             if req.target is None:
                 self.members.orphan(req, kind)
                 continue

@@ -81,6 +81,12 @@ class SpeculationPlanner:
         if req.round.source in ("cache", "jit") and req.mode in self.adaptive:
             self.adaptive[req.mode].observe_round(offered, accepted)
 
+    def observe_round_time(self, req, batch: int, seconds: float) -> None:
+        """A sequence's round as it lived it (its previous outcome to this one) at the K it planned, in a batch of
+        `batch` sequences: the policy of its mode sets its model's round time against it."""
+        if req.mode in self.adaptive:
+            self.adaptive[req.mode].observe_round_time(batch, req.round.k, seconds)
+
     def observe_jit(self, roundtrip: float, compute: float) -> None:
         for policy in self.adaptive.values():
             policy.observe_jit(roundtrip, compute)

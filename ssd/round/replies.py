@@ -124,6 +124,7 @@ class Replies:
                 core.finish(req, req.finish)
             else:
                 core.add_to_draft(req)
+                req.last_outcome_at = core.clock()
                 core.next(req, 0, token)
 
     def outcomes(self, worker, msg: wire.Outcomes) -> None:
@@ -174,6 +175,10 @@ class Replies:
         if rnd.source in ("jit", "ngram") and rnd.tokens:
             core.timings.observe_acceptance(BackupPolicy(rnd.source), out.accepted, len(rnd.tokens))
         core.planner.observe_round(req, len(rnd.tokens), out.accepted)
+        now = core.clock()
+        if req.last_outcome_at is not None:
+            core.planner.observe_round_time(req, len(core.active), now - req.last_outcome_at)
+        req.last_outcome_at = now
         if req.finish is not None:
             core.finish(req, req.finish)
         else:

@@ -337,3 +337,29 @@ def test_with_speculation_off_no_draft_round_is_sent_and_no_lookup_is_counted_as
         assert req.stats.cache == {"forced": 1} and req.stats.backups == {"none": 4}
     finally:
         core.shutdown("the test is over")
+
+
+def test_each_round_is_timed_from_the_sequences_previous_outcome_for_its_modes_policy():
+    """sd: the prefill's first token starts the clock; each outcome gives the policy one round's time (JIT wait and
+    verify as the sequence lived them), at the K it planned and the batch size then; a restore starts over."""
+    clock = Clock()
+    rig = make_sd_rig("sd", clock=clock, adaptive=True)
+    core = rig.core
+    seen = []
+    core.planner.adaptive["sd"].observe_round_time = lambda batch, k, seconds: seen.append((batch, k, seconds))
+    try:
+        req = sd_admit(rig)
+        for wait in (0.3, 0.2):
+            core.dispatch()
+            clock.advance(wait / 2)
+            (jit,) = rig.take(wire.Jit)
+            jit_answer(rig, jit)
+            core.dispatch()
+            (verify,) = rig.take(wire.Verify)
+            clock.advance(wait / 2)
+            answer(rig, verify)
+        assert seen == [(1, core.k, pytest.approx(0.3)), (1, core.k, pytest.approx(0.2))]
+        core.send_prefill([req], wire.Restore)
+        assert req.last_outcome_at is None
+    finally:
+        core.shutdown("the test is over")

@@ -182,3 +182,30 @@ def test_a_round_waits_for_the_jit_round_trip_when_any_sequence_of_the_batch_mis
     a.hop *= 4
     after = [a.throughput(4, k) for k in range(4)]
     assert after[0] == before[0] and all(x < y for x, y in zip(after[1:], before[1:]))
+
+
+def test_rounds_slower_than_the_model_turn_speculation_down_at_their_batch_size_only():
+    """The model says K = 3 pays at batch 8; timed rounds there say speculative rounds take 1.5x what it predicts
+    and plain ones what it predicts: speculation goes off at batch 8, and stays on at batch 1, whose rounds
+    were not timed."""
+    a = AdaptiveK(3, "sd", explore_every=0)
+    timings(a, verify_c0=0.1, verify_c1=0.0005, draft_step=0.004)
+    feed(a, [0.5, 0.5, 0.5])
+    assert a.choose(8) == 3 and a.choose(1) == 3
+    for _ in range(200):
+        a.observe_round_time(8, 3, 1.5 * a.model_seconds(8, 3))
+        a.observe_round_time(9, 0, a.model_seconds(9, 0))
+    assert a.realized == {(3, True): pytest.approx(1.5, abs=0.01), (3, False): pytest.approx(1.0)}
+    assert a.choose(8) == 0 and a.choose(15) == 0   # one bucket: 8-15
+    assert a.choose(1) == 3 and a.choose(4) == 3
+    assert a.round_seconds(8, 3) == pytest.approx(a.realized[(3, True)] * a.model_seconds(8, 3))
+    assert "batch 8+ K>0" in a.summary(8)["realized"]
+
+
+def test_a_round_time_counts_within_bounds_and_bad_ones_not_at_all():
+    a = AdaptiveK(3, "ssd", realized_decay=0.5)
+    a.observe_round_time(1, 2, 100 * a.model_seconds(1, 2))   # a stall: counted as 3x, not 100x
+    assert a.realized[(0, True)] == pytest.approx(0.5 * 1.0 + 0.5 * 3.0)
+    a.observe_round_time(1, 2, 0.0)
+    a.observe_round_time(1, 7, 1.0)   # above k_max
+    assert list(a.realized) == [(0, True)]
