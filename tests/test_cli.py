@@ -42,17 +42,15 @@ def test_version_prints_the_installed_version():
     assert ssd.__version__ == pyproject["project"]["version"]
 
 
-def test_up_flags_reach_the_service_command_lines(default_models, monkeypatch):
+def up_command_lines(monkeypatch, argv: list[str]) -> dict[str, list[str]]:
+    """The command line `ssd up ARGV` would start each service with (role -> argv), starting none."""
     from ssd.cli import build_parser
     from ssd.cli.launcher import Stack
     from ssd.cli.up import stack_config
 
-    args = build_parser().parse_args([
-        "up", "--model", str(default_models["target"]), "--draft", str(default_models["draft"]), "--device", "cpu",
-        "--dtype", "bfloat16", "--max-batch", "2", "--host", "0.0.0.0", "--port", "0", "--http-port", "0"])
-    cfg = stack_config(args)
+    cfg = stack_config(build_parser().parse_args(["up", *argv]))
     spawned = {}
-    monkeypatch.setattr(Stack, "_spawn", lambda self, name, role, index, argv: spawned.setdefault(role, argv))
+    monkeypatch.setattr(Stack, "_spawn", lambda self, name, role, index, args: spawned.setdefault(role, args))
     stack = Stack(cfg)
     try:
         stack.start_target(0)
@@ -60,6 +58,13 @@ def test_up_flags_reach_the_service_command_lines(default_models, monkeypatch):
         spawned["router"] = stack._router_args(0, 1.0)
     finally:
         stack.stop()
+    return spawned
+
+
+def test_up_flags_reach_the_service_command_lines(default_models, monkeypatch):
+    spawned = up_command_lines(monkeypatch, [
+        "--model", str(default_models["target"]), "--draft", str(default_models["draft"]), "--device", "cpu",
+        "--dtype", "bfloat16", "--max-batch", "2", "--host", "0.0.0.0", "--port", "0", "--http-port", "0"])
 
     def flag(role, name):
         argv = spawned[role]
@@ -76,24 +81,11 @@ def test_up_flags_reach_the_service_command_lines(default_models, monkeypatch):
     assert "--device" not in spawned["router"]
 
 
-def test_up_pin_gives_the_target_its_own_cpu(default_models, monkeypatch):
+def test_up_pin_gives_the_target_its_own_cpu(monkeypatch):
     """--pin: the target on CPU 0 alone, the drafts and the router on CPU 1 (a router on the target's core slowed
     every verify of an SSD round); without it nothing is pinned."""
-    from ssd.cli import build_parser
-    from ssd.cli.launcher import Stack
-    from ssd.cli.up import stack_config
-
     for pinned in (True, False):
-        args = build_parser().parse_args(["up", "--port", "0", "--http-port", "0", *(["--pin"] if pinned else [])])
-        spawned = {}
-        monkeypatch.setattr(Stack, "_spawn", lambda self, name, role, index, argv: spawned.setdefault(role, argv))
-        stack = Stack(stack_config(args))
-        try:
-            stack.start_target(0)
-            stack.start_draft(0)
-            spawned["router"] = stack._router_args(0, 1.0)
-        finally:
-            stack.stop()
+        spawned = up_command_lines(monkeypatch, ["--port", "0", "--http-port", "0", *(["--pin"] if pinned else [])])
         cpus = {role: argv[argv.index("--cpus") + 1] if "--cpus" in argv else None for role, argv in spawned.items()}
         assert cpus == ({"target": "0", "draft": "1", "router": "1"} if pinned else
                         {"target": None, "draft": None, "router": None})
