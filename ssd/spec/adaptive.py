@@ -44,7 +44,7 @@ Contract
   anyway, so the acceptance estimate stays current and speculation comes back when the draft starts paying
   (a different kind of text, a better draft). The interval starts at ``probe_every`` rounds and doubles with
   each probe that leaves speculation off, up to ``max_probe_every`` (a draft that never pays costs ever less);
-  it returns to ``probe_every`` as soon as K > 0 is chosen again.
+  it returns to ``probe_every`` as soon as K > 0 is chosen again. ``probe_due`` asks the same without counting.
 * While K > 0 is chosen, ``explore(rounds_since_explore, k)`` says when a sequence should run one round at a
   neighbour of the choice instead (K + 1 and K - 1 in turn, every ``explore_every`` rounds): it measures the
   verify cost at the neighbours' sizes and the acceptance one position further, so a choice the prior or a
@@ -226,6 +226,11 @@ class AdaptiveK:
             return False
         self.probe_interval = min(self.max_probe_every, 2 * self.probe_interval)
         return True
+
+    def probe_due(self, rounds_since_probe: int) -> bool:
+        """Whether `probe` would say yes at `rounds_since_probe` (changes nothing): in ssd the round before a probe
+        speculates, so the probe's tokens can come from the cache instead of a JIT the whole batch waits for."""
+        return rounds_since_probe >= self.probe_interval
 
     def explore(self, rounds_since_explore: int, k: int) -> int | None:
         """The K a sequence that ran `rounds_since_explore` rounds at the choice `k` (> 0) should run this round

@@ -209,3 +209,10 @@ def test_a_round_time_counts_within_bounds_and_bad_ones_not_at_all():
     a.observe_round_time(1, 2, 0.0)
     a.observe_round_time(1, 7, 1.0)   # above k_max
     assert list(a.realized) == [(0, True)]
+
+
+def test_probe_due_answers_like_probe_without_counting():
+    a = AdaptiveK(3, "ssd", probe_every=4)
+    assert not a.probe_due(3) and a.probe_due(4)
+    assert a.probe_interval == 4          # asking changed nothing
+    assert a.probe(4) and a.probe_interval == 8 and not a.probe_due(7) and a.probe_due(8)
