@@ -229,6 +229,14 @@ def test_out_of_range_dispatch_settings_are_refused_with_their_name(setting):
         CoreConfig(mode="ar", **setting)
 
 
+def ssd_admit(rig, rid: str, n: int = 1) -> list:
+    """`n` ssd requests submitted and admitted (their Prefill sent and taken, not answered yet)."""
+    reqs = [rig.core.submit(f"{rid}{i}", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd") for i in range(n)]
+    rig.core.take_new()
+    rig.take(wire.Prefill)
+    return reqs
+
+
 @pytest.mark.parametrize("adaptive_fanout", [True, False])
 def test_each_draft_round_carries_the_online_fanout_and_lookups_feed_it(adaptive_fanout):
     """ssd: the DraftRound sent with a verify carries a fan-out of K+1 counts within the draft's budget (empty
@@ -237,9 +245,7 @@ def test_each_draft_round_carries_the_online_fanout_and_lookups_feed_it(adaptive
     rig = make_sd_rig("ssd", adaptive=True, adaptive_fanout=adaptive_fanout)
     core, draft = rig.core, rig.drafts[0]
     try:
-        req = core.submit("f0", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd")
-        core.take_new()
-        rig.take(wire.Prefill)
+        req, = ssd_admit(rig, "f")
         core.on_message(rig.target, wire.Prefilled([(req.seq, 9)], 0.01, []))
         core.dispatch()
         for jit in rig.take(wire.Jit):       # the first round after prefill is a forced miss
@@ -272,9 +278,7 @@ def test_sequences_drafted_together_share_the_drafts_budget():
     rig = make_sd_rig("ssd", adaptive=True, adaptive_fanout=True)
     core = rig.core
     try:
-        reqs = [core.submit(f"b{i}", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd") for i in range(2)]
-        core.take_new()
-        rig.take(wire.Prefill)
+        reqs = ssd_admit(rig, "b", 2)
         core.on_message(rig.target, wire.Prefilled([(r.seq, 9) for r in reqs], 0.01, []))
         core.dispatch()
         for jit in rig.take(wire.Jit):
@@ -322,9 +326,7 @@ def test_with_speculation_off_no_draft_round_is_sent_and_no_lookup_is_counted_as
     rig = make_sd_rig("ssd", adaptive=True, adaptive_fanout=True)
     core = rig.core
     try:
-        req = core.submit("off", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd")
-        core.take_new()
-        rig.take(wire.Prefill)
+        req, = ssd_admit(rig, "off")
         core.planner.choice["ssd"] = 0
         core.planner.adaptive["ssd"].probe_interval = 10 ** 6   # no probe round in this test
         core.planner.adapt = lambda batch: None                # the choice stays where the test put it
@@ -371,9 +373,7 @@ def test_in_ssd_the_round_before_a_probe_speculates_so_the_probe_takes_its_token
     rig = make_sd_rig("ssd", adaptive=True, adaptive_fanout=True)
     core, draft = rig.core, rig.drafts[0]
     try:
-        req = core.submit("probe", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd")
-        core.take_new()
-        rig.take(wire.Prefill)
+        req, = ssd_admit(rig, "probe")
         core.planner.choice["ssd"] = 0
         core.planner.adapt = lambda batch: None
         core.planner.adaptive["ssd"].probe_interval = 2
