@@ -34,11 +34,10 @@ def pin(text: str) -> None:
     if not text:
         return
     cpus = parse_cpus(text)
-    os.sched_setaffinity(0, cpus)
     try:
         threads = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:   # no procfs: the calling thread's affinity is what can be set
-        return
+        threads = [0]
     for tid in threads:
         try:
             os.sched_setaffinity(tid, cpus)

@@ -46,12 +46,14 @@ def test_the_router_runs_on_the_cpus_it_is_given(default_models, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "ssd.cli", "router", "--cpus", str(cpu), "--mode", "ar",
                           "--targets", "tcp://127.0.0.1:9", "--grpc-address", "127.0.0.1:0",
                           "--http-address", "127.0.0.1:0", "--model", str(default_models["target"]),
-                          "--ready-timeout", "60", "--bound-file", str(bound)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                          "--ready-timeout", "60", "--bound-file", str(bound)],
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         allowed, deadline = None, time.monotonic() + 30
         while time.monotonic() < deadline and p.poll() is None:
             if bound.is_file():   # bound: its threads (gRPC, ZeroMQ, HTTP) exist
-                allowed = {_allowed(Path(f"/proc/{p.pid}/task/{t}/status")) for t in os.listdir(f"/proc/{p.pid}/task")}
+                tasks = Path(f"/proc/{p.pid}/task")
+                allowed = {_allowed(tasks / t / "status") for t in os.listdir(tasks)}
                 break
             time.sleep(0.2)
         assert p.poll() is None, p.stderr.read().decode()

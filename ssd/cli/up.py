@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
                     help="sequences generating at once (the router's batch, each worker's KV slots)")
     up.add_argument("--host", default="127.0.0.1",
                     help="interface the router's gRPC and HTTP bind, e.g. 0.0.0.0 (workers stay on loopback)")
-    up.add_argument("--pin", action="store_true", help="pin the target to CPU 0, the drafts and the router to CPU 1, one torch thread each")
+    up.add_argument("--pin", action="store_true",
+                    help="pin the target to CPU 0, the drafts and the router to CPU 1, one torch thread each")
     up.add_argument("--demo", default=None, metavar="PROMPT", help="run one generation, print its stats, stop")
     up.add_argument("--max-restarts", type=int, default=5,
                     help="restarts in a row of a child that keeps exiting before `ssd up` gives up (0 = never restart)")

@@ -69,7 +69,7 @@ class SpeculationPlanner:
         if req.round.k > 0 or self.choice.get("ssd", self.k) > 0:
             return True
         policy = self.adaptive.get("ssd")
-        return policy is not None and not req.pinned_k and policy.probe_due(req.since_probe + 1)
+        return policy is not None and policy.probe_due(req.since_probe + 1)
 
     def adapt(self, batch: int) -> None:
         """The adaptive choice per mode for the current batch size (logged and exported when it changes)."""

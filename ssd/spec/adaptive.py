@@ -222,7 +222,7 @@ class AdaptiveK:
     def probe(self, rounds_since_probe: int) -> bool:
         """Whether a sequence that ran `rounds_since_probe` rounds with speculation off should probe now (a probe
         lengthens the interval for the next ones)."""
-        if rounds_since_probe < self.probe_interval:
+        if not self.probe_due(rounds_since_probe):
             return False
         self.probe_interval = min(self.max_probe_every, 2 * self.probe_interval)
         return True
