@@ -61,15 +61,8 @@ class SpeculationPlanner:
         return k
 
     def drafts_next_round(self, req) -> bool:
-        """Whether the draft speculates during this round's verify (ssd, and K may be above 0 next round: the choice
-        is, or the next round is the sequence's probe: a hit then brings the probe's tokens, where a JIT would hold
-        the verify of every other sequence on its target for the JIT linger)."""
-        if req.mode != "ssd":
-            return False
-        if req.round.k > 0 or self.choice.get("ssd", self.k) > 0:
-            return True
-        policy = self.adaptive.get("ssd")
-        return policy is not None and policy.probe_due(req.since_probe + 1)
+        """Whether the draft speculates during this round's verify (ssd, and K may be above 0 next round)."""
+        return req.mode == "ssd" and (req.round.k > 0 or self.choice.get("ssd", self.k) > 0)
 
     def adapt(self, batch: int) -> None:
         """The adaptive choice per mode for the current batch size (logged and exported when it changes)."""

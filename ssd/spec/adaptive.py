@@ -228,8 +228,7 @@ class AdaptiveK:
         return True
 
     def probe_due(self, rounds_since_probe: int) -> bool:
-        """Whether `probe` would say yes at `rounds_since_probe` (changes nothing): in ssd the round before a probe
-        speculates, so the probe's tokens can come from the cache instead of a JIT the whole batch waits for."""
+        """Whether `probe` would say yes at `rounds_since_probe` (changes nothing)."""
         return rounds_since_probe >= self.probe_interval
 
     def explore(self, rounds_since_explore: int, k: int) -> int | None:

@@ -365,30 +365,3 @@ def test_each_round_is_timed_from_the_sequences_previous_outcome_for_its_modes_p
         assert req.last_outcome_at is None
     finally:
         core.shutdown("the test is over")
-
-
-def test_in_ssd_the_round_before_a_probe_speculates_so_the_probe_takes_its_tokens_from_the_cache():
-    """Speculation off (K = 0 chosen): no DraftRound goes out, except with the round before a sequence's probe;
-    when the draft anticipated the outcome, the probe verifies the cache's tokens and no JIT is asked for."""
-    rig = make_sd_rig("ssd", adaptive=True, adaptive_fanout=True)
-    core, draft = rig.core, rig.drafts[0]
-    try:
-        req, = ssd_admit(rig, "probe")
-        core.planner.choice["ssd"] = 0
-        core.planner.adapt = lambda batch: None
-        core.planner.adaptive["ssd"].probe_interval = 2
-        core.on_message(rig.target, wire.Prefilled([(req.seq, 9)], 0.01, []))   # round 1 plans K = 0
-        core.dispatch()
-        (verify,), (draft_round,) = rig.take(wire.Verify), rig.take(wire.DraftRound)   # round 2 is the probe
-        assert verify.items[0].tokens == [] and [it.seq for it in draft_round.items] == [req.seq]
-        core.on_message(draft, wire.CacheEntries(req.seq, req.round.number + 1,
-                                                 [wire.CacheEntry(0, 4, [1, 2, 3], None)], 0.01))
-        answer(rig, verify, token=4)
-        assert req.round.k == core.k and req.round.source == "cache" and req.round.tokens == [1, 2, 3]
-        core.dispatch()
-        assert not rig.take(wire.Jit)
-        (probe,) = rig.take(wire.Verify)
-        assert probe.items[0].tokens == [1, 2, 3]
-        assert req.stats.cache == {"forced": 1, "hit": 1}
-    finally:
-        core.shutdown("the test is over")
