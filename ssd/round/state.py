@@ -50,8 +50,6 @@ class Request:
     phase: Phase = Phase.PREFILL
     round: RoundState = field(default_factory=RoundState)
     draft_sent: int = 0            # committed tokens the draft knows
-    since_probe: int = 0           # rounds run with speculation off since the last probe round
-    since_explore: int = 0         # rounds run at the adaptive choice since one ran at a neighbouring K
     last_outcome_at: float | None = None   # the core's clock() at its last outcome (prefill's first token
                                            # included): a round's time as the sequence lived it; None: not timed
     target_failures: int = 0       # target batches that failed as a whole while holding this sequence

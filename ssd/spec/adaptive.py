@@ -40,12 +40,14 @@ Contract
   another K is predicted faster by more than ``margin`` (5%): a switch has costs the formula does not hold (a
   speculation cache gone cold while K was 0, the verify cost of a size not measured lately), and where two
   K are predicted within a few percent of each other, flipping between them paid those costs for nothing.
-* While K = 0 is chosen, ``probe(rounds_since_probe)`` says when a sequence should run one round at ``k_max``
-  anyway, so the acceptance estimate stays current and speculation comes back when the draft starts paying
-  (a different kind of text, a better draft). The interval starts at ``probe_every`` rounds and doubles with
-  each probe that leaves speculation off, up to ``max_probe_every`` (a draft that never pays costs ever less);
-  it returns to ``probe_every`` as soon as K > 0 is chosen again. ``probe_due`` asks the same without counting.
-* While K > 0 is chosen, ``explore(rounds_since_explore, k)`` says when a sequence should run one round at a
+* While K = 0 is chosen, ``probe(rounds_since_probe)`` says when a verify batch's sequences should run one
+  round at ``k_max`` anyway, so the acceptance estimate stays current and speculation comes back when the draft
+  starts paying (a different kind of text, a better draft). The router counts rounds and decides per verify
+  batch, not per sequence (ssd/round/planner.py), so a batch probes together and stays one forward. The interval
+  starts at ``probe_every`` rounds and doubles with each probe that leaves speculation off, up to
+  ``max_probe_every`` (a draft that never pays costs ever less); it returns to ``probe_every`` as soon as K > 0 is
+  chosen again. ``probe_due`` asks the same without counting.
+* While K > 0 is chosen, ``explore(rounds_since_explore, k)`` says when a batch should run one round at a
   neighbour of the choice instead (K + 1 and K - 1 in turn, every ``explore_every`` rounds): it measures the
   verify cost at the neighbours' sizes and the acceptance one position further, so a choice the prior or a
   stale line put in the wrong place moves (hill climbing on measured terms). Costs one round in
@@ -220,7 +222,7 @@ class AdaptiveK:
         return k
 
     def probe(self, rounds_since_probe: int) -> bool:
-        """Whether a sequence that ran `rounds_since_probe` rounds with speculation off should probe now (a probe
+        """Whether a batch that ran `rounds_since_probe` rounds with speculation off should probe now (a probe
         lengthens the interval for the next ones)."""
         if not self.probe_due(rounds_since_probe):
             return False
@@ -232,7 +234,7 @@ class AdaptiveK:
         return rounds_since_probe >= self.probe_interval
 
     def explore(self, rounds_since_explore: int, k: int) -> int | None:
-        """The K a sequence that ran `rounds_since_explore` rounds at the choice `k` (> 0) should run this round
+        """The K a batch that ran `rounds_since_explore` rounds at the choice `k` (> 0) should run this round
         instead, or None: every `explore_every` rounds a neighbour, K + 1 and K - 1 in turn."""
         if not self.explore_every or k <= 0 or rounds_since_explore < self.explore_every:
             return None

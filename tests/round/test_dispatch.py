@@ -365,3 +365,70 @@ def test_each_round_is_timed_from_the_sequences_previous_outcome_for_its_modes_p
         assert req.last_outcome_at is None
     finally:
         core.shutdown("the test is over")
+
+
+def sd_admit_together(rig, n: int) -> list:
+    """`n` sd requests prefilled in one answer (so one verify batch holds them all from their first round)."""
+    reqs = [rig.core.submit(f"t{i}", [5, 6, 7], SamplingParams(max_tokens=200), mode="sd") for i in range(n)]
+    rig.core.take_new()
+    rig.take(wire.Prefill)
+    rig.core.on_message(rig.target, wire.Prefilled([(r.seq, 9) for r in reqs], 0.01, []))
+    rig.take(wire.DraftAdd)
+    return reqs
+
+
+def run_rounds(rig, reqs, rounds: int) -> list[int]:
+    """`rounds` rounds of `reqs`, each one JIT batch (when K > 0) and one Verify holding them all, all at the same
+    K (asserted); returns the K of each round."""
+    ks = []
+    for _ in range(rounds):
+        rig.core.dispatch()
+        jits = rig.take(wire.Jit)
+        if jits:
+            (jit,) = jits
+            assert sorted(it.seq for it in jit.items) == sorted(r.seq for r in reqs)
+            rig.core.on_message(rig.drafts[0], wire.JitResult(jit.batch_id, [(it.seq, [11, 12, 13][:it.room], None)
+                                                                             for it in jit.items], 0.005))
+            rig.core.dispatch()
+        (verify,) = rig.take(wire.Verify)
+        assert sorted(it.seq for it in verify.items) == sorted(r.seq for r in reqs)
+        sizes = {len(it.tokens) for it in verify.items}
+        assert len(sizes) == 1, f"one verify batch ran K = {sorted(sizes)}"
+        ks.append(sizes.pop())
+        answer(rig, verify)
+    return ks
+
+
+def test_a_batch_probes_together_while_speculation_is_off():
+    """Adaptive K = 0 (sd): the probe round is decided once per verify batch, so every sequence of the batch probes
+    in the same round (one JIT batch, one Verify at K = k max) and the interval counts the batch's rounds, doubling
+    after each probe. Sequences on counters of their own ran different K in one batch, split into groups."""
+    rig = make_sd_rig("sd", adaptive=True)
+    core = rig.core
+    try:
+        core.planner.choice["sd"] = 0
+        core.planner.adapt = lambda batch: None            # the choice stays where the test put it
+        policy = core.planner.adaptive["sd"]
+        policy.probe_every = policy.probe_interval = 3
+        reqs = sd_admit_together(rig, 4)
+        ks = run_rounds(rig, reqs, 12)
+        # the prefill's round runs the choice; a probe at the third decision, then the sixth (interval 3, 6, 12)
+        assert ks == [0, 0, 0, core.k, 0, 0, 0, 0, 0, core.k, 0, 0]
+        assert policy.probe_interval == 12
+    finally:
+        core.shutdown("the test is over")
+
+
+def test_a_batch_explores_a_neighbouring_k_together():
+    """Adaptive K = 2 (sd): every explore round (K + 1, then K - 1, every explore_every rounds of the batch) holds
+    the whole batch at the same K."""
+    rig = make_sd_rig("sd", adaptive=True)
+    core = rig.core
+    try:
+        core.planner.choice["sd"] = 2
+        core.planner.adapt = lambda batch: None
+        core.planner.adaptive["sd"].explore_every = 2
+        reqs = sd_admit_together(rig, 3)
+        assert run_rounds(rig, reqs, 8) == [2, 2, 3, 2, 1, 2, 3, 2]
+    finally:
+        core.shutdown("the test is over")
