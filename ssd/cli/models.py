@@ -26,12 +26,19 @@ def add_parser(sub) -> None:
     dist.add_argument("--work-dir", type=Path, default=Path("distill-work"),
                       help="teacher data (work-dir/data) and training state (work-dir/train)")
     dist.add_argument("--prompts", type=int, default=4000, help="training prompts to answer")
+    dist.add_argument("--first-shard", type=int, default=0,
+                      help="data stage: start at this shard of the prompt set (later prompts than an earlier run's)")
     dist.add_argument("--minutes", type=float, default=100.0, help="training wall-clock budget")
     dist.add_argument("--steps", type=int, default=800, help="training steps (the learning-rate schedule)")
+    dist.add_argument("--schedule", choices=("steps", "minutes"), default="steps",
+                      help="the learning rate's cosine runs over --steps, or over the --minutes budget")
     dist.add_argument("--lr", type=float, default=1e-3)
     dist.add_argument("--seed", type=int, default=0)
     dist.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     dist.add_argument("--no-bf16", action="store_true", help="train in float32 instead of bf16 autocast")
+    dist.add_argument("--layers", type=int, default=1,
+                      help="draft decoder layers (with --init-from a draft of fewer: it grows, the new ones "
+                           "starting as identities)")
     dist.add_argument("--init-from", type=Path, default=None,
                       help="start training from a trained draft's tensors (e.g. the packaged draft) instead of the target's last layer")
     dist.add_argument("--follow", action="store_true",
@@ -77,10 +84,11 @@ def cmd_distill(args) -> int:
     data, run = args.work_dir / "data", args.work_dir / "train"
     target = load_model(paths["target"])
     if args.stage in ("data", "all"):
-        generate(paths["target"], data, DataConfig(prompts=args.prompts, seed=args.seed))
+        generate(paths["target"], data, DataConfig(prompts=args.prompts, seed=args.seed, first_shard=args.first_shard))
     if args.stage in ("train", "all"):
         cfg = TrainConfig(steps=args.steps, minutes=args.minutes, lr=args.lr, seed=args.seed, bf16=not args.no_bf16,
-                          follow=args.follow, init_from=str(args.init_from or ""))
+                          follow=args.follow, init_from=str(args.init_from or ""),
+                          layers=args.layers, schedule=args.schedule)
         train(target, data, run, cfg)
         if args.export:
             export(run, args.export, {"command": "ssd " + " ".join(sys.argv[1:]) if sys.argv[1:] else "ssd models distill",

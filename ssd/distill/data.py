@@ -41,6 +41,7 @@ class DataConfig:
     device: str = "cpu"         # where `generate` runs the target (fp32 either way)
     kv_tokens: int = 0          # the engine's KV capacity in tokens (0: its default; a wide batch needs batch x 1024)
     seconds: float = 0.0        # `generate`'s wall-clock budget: no shard starts that would end past it (0: none)
+    first_shard: int = 0        # answer shards from this one on (the earlier prompts went into an earlier run)
 
 
 class _FeatureTap:
@@ -173,10 +174,13 @@ def generate(target_dir: str | Path, out: str | Path, cfg: DataConfig, log=print
     tok = Tokenizer.from_folder(target_dir)
     items = [(i, kind, text) for i, (kind, text) in enumerate(training_prompts(cfg.prompts, cfg.seed))]
     n_shards = (len(items) + cfg.shard_size - 1) // cfg.shard_size
-    done = sum(shard_path(out, i).exists() for i in range(n_shards))
-    log(f"teacher data: {n_shards} shards of {cfg.shard_size} prompts, {done} already present in {out}")
+    if not 0 <= cfg.first_shard < n_shards:
+        raise ValueError(f"first_shard {cfg.first_shard} is outside the {n_shards} shards of {cfg.prompts} prompts")
+    done = sum(shard_path(out, i).exists() for i in range(cfg.first_shard, n_shards))
+    log(f"teacher data: shards {cfg.first_shard}-{n_shards - 1} of {cfg.shard_size} prompts, {done} already "
+        f"present in {out}")
     t0, made, took = time.time(), 0, []
-    for i in range(n_shards):
+    for i in range(cfg.first_shard, n_shards):
         path = shard_path(out, i)
         if path.exists():
             continue

@@ -186,8 +186,9 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
     corpus = corpus.to(dev)
     draft = init_from_target(target, vocab_ids, cfg.layers, cfg.seed, feature_rms)
     if warm is not None:
-        copy_trained(draft, warm)
-        log(f"initialised from {cfg.init_from}")
+        copy_trained(draft, warm, grow=True)
+        grown = cfg.layers - trained_layers(warm)
+        log(f"initialised from {cfg.init_from}" + (f", {grown} identity layer(s) added" if grown else ""))
     draft = draft.to(dev)
     draft._rope = None      # rebuilt on the draft's device at the first forward
     draft.requires_grad_(False)
@@ -299,13 +300,25 @@ def load_trained(target: Decoder, run: str | Path) -> FeatureDraft:
     return draft.eval().requires_grad_(False)
 
 
-def copy_trained(draft: FeatureDraft, st: dict[str, torch.Tensor]) -> None:
-    """Set `draft`'s trained part (`trained_tensors`' names) from `st`; the layer count and vocabulary must match."""
+def trained_layers(st: dict[str, torch.Tensor]) -> int:
+    """How many decoder layers a draft's trained tensors hold."""
+    return len({k.split(".")[2] for k in st if k.startswith("model.layers.")})
+
+
+def copy_trained(draft: FeatureDraft, st: dict[str, torch.Tensor], grow: bool = False) -> None:
+    """Set `draft`'s trained part (`trained_tensors`' names) from `st`; the vocabulary must match, and so must the
+    layer count unless `grow`: then a draft with more layers than `st` holds takes them as its first layers, and
+    each further layer becomes an exact identity (its attention output and MLP down projections zeroed, the
+    residual passing through), so the grown draft starts out computing what `st`'s draft computes."""
     if len(st["vocab_ids"]) != len(draft.vocab_ids) or not torch.equal(st["vocab_ids"].long(), draft.vocab_ids):
         raise ValueError("the trained tensors were made for another draft vocabulary")
+    have = trained_layers(st)
+    if grow and not 0 < have <= len(draft.layers):
+        raise ValueError(f"cannot grow a draft of {have} layers into one of {len(draft.layers)}")
+    kept = draft.layers[:have] if grow else draft.layers
     names = {"fc.weight": draft.fc_weight, "fc.bias": draft.fc_bias,
              "fc.feature_norm.weight": draft.feature_norm.weight, "fc.embed_norm.weight": draft.embed_norm.weight}
-    for i, layer in enumerate(draft.layers):
+    for i, layer in enumerate(kept):
         names |= hf_layer_tensors(layer, i)
     missing = sorted(n for n in names if n not in st)
     if missing:
@@ -313,6 +326,9 @@ def copy_trained(draft: FeatureDraft, st: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for name, param in names.items():
             param.copy_(st[name].float().view_as(param))
+        for layer in draft.layers[len(kept):]:
+            layer.attn.o_weight.zero_()
+            layer.mlp.down_weight.zero_()
 
 
 def export(run: str | Path, dest: str | Path, metadata: dict) -> Path:

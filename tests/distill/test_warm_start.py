@@ -51,3 +51,41 @@ def test_tensors_of_another_shape_of_draft_are_refused(data, tmp_path):
     with pytest.raises(ValueError, match="lack"):
         train(target, folder, tmp_path / "run", TrainConfig(steps=0, minutes=1, init_from=str(bad)),
               log=lambda *_: None, progress=False)
+
+
+def test_a_draft_grown_by_a_layer_starts_out_computing_what_it_grew_from(data, tmp_path):
+    from ssd.distill.train import load_trained
+    from ssd.distill.unroll import unrolled_logits
+
+    target, folder = data
+    cfg = TrainConfig(steps=0, minutes=1, init_from=str(EAGLE_WEIGHTS), checkpoint_every=1000, layers=2)
+    train(target, folder, tmp_path / "grown", cfg, log=lambda *_: None, progress=False)
+    grown = load_trained(target, tmp_path / "grown")
+    assert len(grown.layers) == 2
+    out = load_file(str(tmp_path / "grown" / "draft.safetensors"))
+    assert {k for k in out if k.startswith("model.layers.1.")}          # the new layer ships with the rest
+    train(target, folder, tmp_path / "same", TrainConfig(steps=0, minutes=1, init_from=str(EAGLE_WEIGHTS),
+                                                         checkpoint_every=1000), log=lambda *_: None, progress=False)
+    same = load_trained(target, tmp_path / "same")
+    g = torch.Generator().manual_seed(0)
+    toks = torch.randint(0, 2000, (1, 24), generator=g)
+    feats = torch.randn(1, 24, target.cfg.hidden_size, generator=g) * 30
+    for a, b in zip(unrolled_logits(grown, toks, feats, 3), unrolled_logits(same, toks, feats, 3)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+    # one step moves the new layer off the identity
+    cfg = TrainConfig(steps=1, minutes=1, init_from=str(EAGLE_WEIGHTS), checkpoint_every=1000, layers=2, warmup=1)
+    train(target, folder, tmp_path / "step", cfg, log=lambda *_: None, progress=False)
+    stepped = load_file(str(tmp_path / "step" / "draft.safetensors"))
+    assert stepped["model.layers.1.mlp.down_proj.weight"].abs().sum() > 0
+
+
+def test_a_draft_cannot_shrink_by_growing(data, tmp_path):
+    from ssd.distill.train import copy_trained, init_from_target
+
+    target, _ = data
+    st = load_file(str(EAGLE_WEIGHTS))
+    st2 = dict(st) | {k.replace("model.layers.0.", "model.layers.1."): v for k, v in st.items()
+                      if k.startswith("model.layers.0.")}
+    draft = init_from_target(target, st["vocab_ids"].long(), layers=1)
+    with pytest.raises(ValueError, match="cannot grow"):
+        copy_trained(draft, st2, grow=True)

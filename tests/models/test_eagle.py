@@ -13,14 +13,18 @@ from ssd.models.eagle import FeatureDraft, write_draft_folder
 from ssd.models.loader import WeightLoadError, load_model
 
 
+def _tiny_draft(target, layers: int):
+    torch.manual_seed(1)
+    draft = init_from_target(target, torch.arange(0, 128, 2), layers=layers, feature_rms=3.0)
+    with torch.no_grad():
+        draft.fc_weight.add_(torch.randn_like(draft.fc_weight) * 0.3)
+    return draft.eval().requires_grad_(False)
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_dir):
     target = load_model(tiny_llama_dir)
-    torch.manual_seed(1)
-    draft = init_from_target(target, torch.arange(0, 128, 2), feature_rms=3.0)
-    with torch.no_grad():
-        draft.fc_weight.add_(torch.randn_like(draft.fc_weight) * 0.3)
-    return target, draft.eval().requires_grad_(False)
+    return target, _tiny_draft(target, 1)
 
 
 def _paged_chain(draft, toks, feats, start, depth):
@@ -41,8 +45,9 @@ def _paged_chain(draft, toks, feats, start, depth):
     return rows
 
 
-def test_unrolled_forward_is_the_drafting_chain(tiny):
-    _, draft = tiny
+@pytest.mark.parametrize("layers", [1, 2])
+def test_unrolled_forward_is_the_drafting_chain(tiny, layers):
+    draft = _tiny_draft(tiny[0], layers)
     g = torch.Generator().manual_seed(0)
     toks = torch.randint(0, 128, (40,), generator=g)
     feats = torch.randn(40, 64, generator=g) * 3
