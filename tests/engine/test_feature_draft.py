@@ -15,11 +15,11 @@ from ssd.models.loader import load_model
 from ssd.sampling import SamplingParams
 
 
-@pytest.fixture(scope="module")
-def pair(tiny_llama_dir):
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-layer", "2-layer"])
+def pair(tiny_llama_dir, request):
     target = load_model(tiny_llama_dir)
     torch.manual_seed(2)
-    draft = init_from_target(target, torch.arange(0, 128), feature_rms=3.0)
+    draft = init_from_target(target, torch.arange(0, 128), layers=request.param, feature_rms=3.0)
     with torch.no_grad():
         draft.fc_weight.add_(torch.randn_like(draft.fc_weight) * 0.3)
     return target, draft.eval().requires_grad_(False)
