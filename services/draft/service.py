@@ -12,6 +12,7 @@ from pathlib import Path
 from ssd.constraints import grammar_for
 from ssd.engine.draft import DraftWorker
 from ssd.engine.draft_handler import DraftHandler
+from ssd.engine.warmup import warm_up_draft
 from ssd.models.kv_cache import default_kv_tokens
 from ssd.spec.fanout import default_fanout
 from ssd.worker.service import Loaded, Role, WorkerConfig, load_plain, run_worker, setup_process
@@ -44,6 +45,7 @@ def draft_role(cfg: DraftConfig, folder: Path) -> Role:
         worker = DraftWorker(model, cfg.max_seqs, max_len, cfg.k, fanout,
                              cfg.kv_tokens or default_kv_tokens(cfg.max_seqs, columns), cfg.block_size,
                              cuda_graphs=cfg.cuda_graphs, grammar_tokenizer=grammar_for(folder, model.cfg.vocab_size))
+        warm_up_draft(worker)
         return Loaded(model, worker, worker.feature_size)
 
     def check() -> str | None:

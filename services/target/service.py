@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ssd.engine.target_handler import TargetHandler
 from ssd.engine.target_tp import SETTINGS, build_target, load_leader, tp_problem
+from ssd.engine.warmup import warm_up_target
 from ssd.worker.service import Loaded, Role, WorkerConfig, load_plain, run_worker, setup_process
 
 
@@ -31,6 +32,7 @@ def target_role(cfg: TargetConfig, folder: Path) -> Role:
         else:
             model, close = load_plain(cfg, folder), None
             worker = build_target(model, settings, folder)
+            warm_up_target(worker)
         return Loaded(model, worker, model.cfg.hidden_size, close)   # its features are its hidden states
 
     return Role("target", folder, load, TargetHandler, check=lambda: tp_problem(cfg.tp_size, folder))
