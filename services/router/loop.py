@@ -6,12 +6,19 @@ worker's messages into the core, tick each peer's liveness (handshake, pings, de
 changed, then let the core admit and send what is ready (`RoundCore.step`). A peer (`services.router.peers`) is
 the worker handle the core sends its commands through.
 
+The loop sleeps in its poll until a worker's message, a submit or an abort (`Wake`, a pipe the intake writes to
+from the caller's thread) or the core's next timer (`RoundCore.next_timer`: a JIT linger ending), and at most
+`IDLE_POLL_MS`, for liveness, deadlines and discovery. It used to poll every millisecond while requests ran: ~10%
+of a core, on the draft's core under `ssd up --pin`.
+
 A draft that reads the target's features (`Ready.feature_size` equal to the targets' hidden size) gets them with
 its adds and deltas (`ssd.round.features`); a draft whose feature size differs is logged and gets none.
 """
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
 import time
 
@@ -25,6 +32,36 @@ log = logging.getLogger("ssd.router")
 
 __all__ = ["RouterLoop", "StartupError"]
 
+IDLE_POLL_MS = 20   # the longest the loop sleeps in its poll: liveness, request deadlines and discovery
+
+
+class Wake:
+    """A pipe whose read end the loop polls: `set()` from any thread ends the loop's current poll."""
+
+    def __init__(self):
+        self.fd, self._write = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self._write, False)
+
+    def set(self) -> None:
+        try:
+            os.write(self._write, b"\0")
+        except OSError:   # full (the loop is awake already), or closed (the loop has ended)
+            pass
+
+    def clear(self) -> None:
+        try:
+            while os.read(self.fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        write, self._write = self._write, -1
+        if write >= 0:   # once: a number closed twice may by then be another file's
+            os.close(self.fd)
+            os.close(write)
+
 
 class RouterLoop:
     def __init__(self, cfg: CoreConfig, targets: list[str], drafts: list[str], tokenizer_hash: str, eos_token_ids,
@@ -35,6 +72,7 @@ class RouterLoop:
         self._ctx = zmq.Context()
         self._curve = curve  # ssd.curve.ClientKeys: the data plane authenticates (None: plain sockets)
         self._poller = zmq.Poller()
+        self._wake = Wake()
         pool = WorkerPool([Peer(self._ctx, t, "target", curve, clock) for t in targets],
                           [Peer(self._ctx, d, "draft", curve, clock) for d in drafts], tokenizer_hash)
         self.pool = pool
@@ -45,6 +83,8 @@ class RouterLoop:
             self._close()
             raise
         self._stop = threading.Event()
+        self.round.intake.wake = self._wake.set
+        self.passes = 0   # loop passes (each after a poll)
 
     @property
     def peers(self) -> list[Peer]:
@@ -52,6 +92,7 @@ class RouterLoop:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
 
     # ---- start-up -------------------------------------------------------------------------------
     def handshake(self) -> None:
@@ -99,13 +140,15 @@ class RouterLoop:
     def run(self) -> None:
         for p in self.peers:
             self._poller.register(p.sock, zmq.POLLIN)
+        self._poller.register(self._wake.fd, zmq.POLLIN)
         core = self.round
         while not self._stop.is_set():
             if self.discovery is not None:
                 self._discover()
             core.take_new()
-            busy = bool(core.active or core.waiting)
-            self._poller.poll(1 if busy else 20)
+            self._poller.poll(self._poll_ms(core.next_timer()))
+            self._wake.clear()
+            self.passes += 1
             for p in self.peers:
                 for msg in p.receive():
                     core.on_message(p, msg)
@@ -113,6 +156,12 @@ class RouterLoop:
             core.step()
         core.shutdown("the router is shutting down")
         self._close()
+
+    def _poll_ms(self, timer: float | None) -> int:
+        """How long the next poll may sleep: until the core's timer (at least 1 ms), at most IDLE_POLL_MS."""
+        if timer is None:
+            return IDLE_POLL_MS
+        return max(1, min(IDLE_POLL_MS, math.ceil((timer - self.clock()) * 1000)))
 
     def _liveness(self) -> None:
         now, m = self.clock(), self.round.members
@@ -128,3 +177,4 @@ class RouterLoop:
         for p in self.peers:
             p.close()
         self._ctx.term()
+        self._wake.close()

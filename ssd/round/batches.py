@@ -72,6 +72,13 @@ class BatchLedger:
         since = self._lingering.setdefault(target, now)
         return now - since < min(self.jit_linger, 1.5 * self.jit_latency)
 
+    def linger_ends(self) -> float | None:
+        """When the earliest linger still running ends (the clock's time), None when no target lingers: the
+        loop that carries the core must pass again then, even if no message comes."""
+        now, window = self.clock(), min(self.jit_linger, 1.5 * self.jit_latency)
+        ends = [since + window for since in self._lingering.values() if since + window > now]
+        return min(ends, default=None)
+
     # ---- JIT batches ------------------------------------------------------------------------------
     def jit_sent(self) -> int:
         batch_id = next(self._ids)

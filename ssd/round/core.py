@@ -116,6 +116,10 @@ class RoundCore:
         self.members.follow_orphans()
         self.dispatch()
 
+    def next_timer(self) -> float | None:
+        """The clock's time at which a pass is due though no message or request came (a linger ending), or None."""
+        return self.batches.linger_ends()
+
     def shutdown(self, message: str) -> None:
         for req in list(self.active.values()) + self.waiting:
             req.events.put(("error", message))

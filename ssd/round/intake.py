@@ -18,6 +18,8 @@ class Intake:
         self._lock = threading.Lock()
         self._by_rid: dict[str, Request] = {}
         self._seqs = itertools.count(1)
+        self.wake: Callable[[], None] = lambda: None   # called after each submit and abort, from their thread:
+                                                       # the loop carrying the core may be waiting on its sockets
 
     def submit(self, rid: str, prompt: list[int], params: SamplingParams, mode: str, k: int, max_k: int,
                has_drafts: bool, deadline: float | None = None, events=None, replace: bool = False,
@@ -40,10 +42,12 @@ class Intake:
                           self.clock(), prompt_len)
             self._by_rid[rid] = req
         self._incoming.put(req)
+        self.wake()
         return req
 
     def abort(self, req: Request, reason: FinishReason = FinishReason.ABORT) -> None:
         self._aborts.put((req, reason))
+        self.wake()
 
     def abort_id(self, rid: str) -> bool:
         with self._lock:

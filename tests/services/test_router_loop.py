@@ -104,3 +104,82 @@ def test_the_loop_survives_workers_that_answer_nonsense_and_the_output_stays_the
             w.thread.join(timeout=5)
             w.sock.close(0)
         ctx.term()
+
+
+def _loop_with(ctx, target, draft=None, mode="ar"):
+    workers = [FakeWorker(ctx, "target", target)] + ([FakeWorker(ctx, "draft", draft)] if draft else [])
+    for w in workers:
+        w.thread.start()
+    router = RouterLoop(CoreConfig(mode=mode, adaptive=False, ready_timeout=20), [workers[0].address],
+                        [w.address for w in workers[1:]], "h", [2])
+    return router, workers
+
+
+def _stop(router, loop, workers, ctx):
+    router.stop()
+    if loop.ident is not None:
+        loop.join(timeout=5)
+    else:
+        router._close()
+    for w in workers:
+        w.stop.set()
+        w.thread.join(timeout=5)
+        w.sock.close(0)
+    ctx.term()
+
+
+def _drain(req) -> list[int]:
+    seen, kind = [], None
+    while kind != "done":
+        kind, value = req.events.get(timeout=30)
+        assert kind != "error", value
+        seen += value if kind == "tokens" else []
+    return seen
+
+
+def test_the_loop_sleeps_while_a_verify_is_out_and_a_submit_wakes_it(monkeypatch):
+    """While the target takes 0.3 s over each verify, the loop sleeps in its poll (it used to pass every
+    millisecond: ~300 passes a verify); a request submitted while the loop sleeps with a 10-minute idle poll
+    still starts at once, woken by the intake."""
+    import time
+
+    import services.router.loop as loop_module
+
+    ctx = zmq.Context()
+
+    def target(msg):
+        if isinstance(msg, wire.Prefill):
+            return [wire.Prefilled([(it.seq, 3) for it in msg.items], 0.001, [])]
+        if isinstance(msg, wire.Verify):
+            time.sleep(0.3)
+            return [wire.Outcomes(msg.batch_id, [wire.Outcome(it.seq, 0, 4) for it in msg.items], 0.3, [])]
+        return []
+
+    router, workers = _loop_with(ctx, target)
+    loop = threading.Thread(target=router.run, daemon=True)
+    try:
+        router.handshake()
+        loop.start()
+        req = router.round.submit("a", [5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
+        passes = router.passes
+        assert _drain(req) == [3, 4, 4, 4]
+        assert router.passes - passes < 60   # three verifies of 0.3 s: at most 20 ms a sleep, plus the messages
+        monkeypatch.setattr(loop_module, "IDLE_POLL_MS", 600_000)
+        time.sleep(0.1)                       # the loop is now asleep in a long poll (it may have one 20 ms left)
+        req = router.round.submit("b", [5, 6, 7], SamplingParams(max_tokens=1))
+        assert _drain(req) == [3]             # woken by the submit, not by the poll's end 10 minutes later
+    finally:
+        _stop(router, loop, workers, ctx)
+
+
+def test_the_poll_ends_at_the_cores_timer():
+    ctx = zmq.Context()
+    router, workers = _loop_with(ctx, lambda msg: [])
+    try:
+        now = router.clock()
+        assert router._poll_ms(None) == 20
+        assert router._poll_ms(now + 0.0054) in (5, 6)
+        assert router._poll_ms(now - 1.0) == 1          # a timer already due: the shortest poll, never 0 or less
+        assert router._poll_ms(now + 60.0) == 20
+    finally:
+        _stop(router, threading.Thread(), workers, ctx)
