@@ -26,3 +26,11 @@ def test_markdown_has_a_row_per_batch_size():
     table = markdown({"k": 3, "batch": {"1": summary_row(per), "4": summary_row(per)}})
     lines = table.splitlines()
     assert len(lines) == 4 and lines[2].startswith("| 1 | 20.0 | 30.0 (3) | 25.0 (3) | 28.0 | 0.93 |")
+
+
+def test_the_routers_own_sd_counts_as_an_sd_setting():
+    per = {"ar": run(20.0), "sd3": run(30.0), "ssd3": run(25.0), "sd-auto": run(32.0), "ssd-auto": run(36.0)}
+    r = summary_row(per)
+    assert (r["sd_k"], r["sd_tok_s"]) == ("auto", 32.0)
+    assert r["auto_over_sd"] == 36.0 / 32.0 and r["auto_over_best_fixed"] == 36.0 / 32.0
+    assert markdown({"k": 3, "batch": {"1": r}}).splitlines()[2].startswith("| 1 | 20.0 | 32.0 (auto) | 25.0 (3) |")

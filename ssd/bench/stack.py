@@ -42,8 +42,11 @@ def _diff(after: dict, before: dict) -> dict:
 
 
 def run_mode(client: Client, prompts: list[str], mode: str, batch: int, new_tokens: int, k: int = 0) -> dict:
-    """One mode at one batch size. "sd"/"ssd" run with K pinned to k; "ssd-auto" lets the router choose K."""
-    mode, k = ("ssd", 0) if mode == "ssd-auto" else (mode, k if mode != "ar" else 0)
+    """One mode at one batch size. "sd"/"ssd" run with K pinned to k; "sd-auto"/"ssd-auto" let the router choose K."""
+    if mode.endswith("-auto"):
+        mode, k = mode[:-len("-auto")], 0
+    elif mode == "ar":
+        k = 0
     before = _totals(client)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(batch) as pool:
@@ -73,15 +76,17 @@ def run_mode(client: Client, prompts: list[str], mode: str, batch: int, new_toke
 
 
 def summary_row(per: dict) -> dict:
-    """One batch size's row from its runs (`run_mode` rows keyed "ar", "sd<K>", "ssd<K>", "ssd-auto"): the best
-    fixed K of SD and of SSD, and the adaptive setting against the best fixed one, AR and the best SD."""
+    """One batch size's row from its runs (`run_mode` rows keyed "ar", "sd<K>", "ssd<K>", optionally "sd-auto",
+    and "ssd-auto"): the best SD (a fixed K or the router's own, "auto") and the best fixed K of SSD, and adaptive
+    SSD against the best of all the others ("auto_over_best_fixed"), AR and the best SD."""
     tok = {name: r["tok_s"] for name, r in per.items()}
     best_sd = max((n for n in tok if n.startswith("sd")), key=tok.get)
     best_ssd = max((n for n in tok if n.startswith("ssd") and n != "ssd-auto"), key=tok.get)
     ar, auto = tok["ar"], tok["ssd-auto"]
     best_fixed = max(ar, tok[best_sd], tok[best_ssd])
     s = per[best_ssd]
-    return {"ar_tok_s": ar, "sd_tok_s": tok[best_sd], "sd_k": int(best_sd[2:]), "ssd_tok_s": tok[best_ssd],
+    sd_k = "auto" if best_sd == "sd-auto" else int(best_sd[2:])
+    return {"ar_tok_s": ar, "sd_tok_s": tok[best_sd], "sd_k": sd_k, "ssd_tok_s": tok[best_ssd],
             "ssd_k": int(best_ssd[3:]), "ssd_auto_tok_s": auto, "tok_s": tok,
             "auto_over_best_fixed": auto / best_fixed, "auto_over_ar": auto / ar, "auto_over_sd": auto / tok[best_sd],
             "auto_tokens_per_round": per["ssd-auto"]["tokens_per_round"], "ssd_over_sd": tok[best_ssd] / tok[best_sd],
@@ -100,17 +105,18 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
     cfg = StackConfig(mode="ssd", drafts=1, models_dir=models_dir, draft_model=draft_model, k=max(ks),
                       max_batch=max(batches), target_cpus="0", draft_cpus="1", router_cpus="1",
                       threads=1, log_dir=Path("bench/results/logs"))
-    modes = [("ar", 0)] + [(m, kk) for kk in ks for m in ("sd", "ssd")] + [("ssd-auto", 0)]
+    modes = [("ar", 0)] + [(m, kk) for kk in ks for m in ("sd", "ssd")] + [("sd-auto", 0), ("ssd-auto", 0)]
     rows: dict = {}
     with Stack(cfg) as stack, Client(stack.grpc_address, timeout=3600) as client:
         client.generate(prompts_all[0], chat=True, max_tokens=4, mode="ssd")  # warm-up
         for b in batches:
             prompts = [prompts_all[i % len(prompts_all)] for i in range(max(n_prompts, b))]
-            per = {(m if m in ("ar", "ssd-auto") else f"{m}{kk}"): run_mode(client, prompts, m, b, new_tokens, kk)
+            per = {(m if m in ("ar", "sd-auto", "ssd-auto") else f"{m}{kk}"): run_mode(client, prompts, m, b,
+                                                                                     new_tokens, kk)
                    for m, kk in modes}
             r = rows[str(b)] = summary_row(per)
             log(f"batch {b}: " + "  ".join(f"{n} {v:.1f}" for n, v in r["tok_s"].items()) +
-                f" tok/s (adaptive/best fixed {r['auto_over_best_fixed']:.2f}, adaptive/AR {r['auto_over_ar']:.2f}, "
+                f" tok/s (adaptive/best other {r['auto_over_best_fixed']:.2f}, adaptive/AR {r['auto_over_ar']:.2f}, "
                 f"adaptive/best SD {r['auto_over_sd']:.2f}; ssd{r['ssd_k']}: hit {r['hit_rate']:.2f}, "
                 f"late {r['late_rate']:.2f}, a {r['acceptance']:.2f}, overhead {r['overhead_fraction']:.3f})")
     result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "new_tokens": new_tokens,
@@ -124,7 +130,7 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
 
 def markdown(result: dict) -> str:
     lines = ["| batch | AR tok/s | best SD tok/s (K) | best SSD tok/s (K) | SSD adaptive tok/s | "
-             "adaptive / best fixed | adaptive / AR | adaptive / best SD | a | tokens/round | hit | late | overhead |",
+             "adaptive / best other | adaptive / AR | adaptive / best SD | a | tokens/round | hit | late | overhead |",
              "|" + "---|" * 13]
     for b, r in result["batch"].items():
         sd_k, ssd_k = r.get("sd_k", result["k"]), r.get("ssd_k", result["k"])
