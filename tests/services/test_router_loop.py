@@ -41,6 +41,37 @@ class FakeWorker:
                 self.sock.send_multipart([peer, *wire.encode(answer)])
 
 
+def _loop_with(ctx, target, draft=None, mode="ar"):
+    workers = [FakeWorker(ctx, "target", target)] + ([FakeWorker(ctx, "draft", draft)] if draft else [])
+    for w in workers:
+        w.thread.start()
+    router = RouterLoop(CoreConfig(mode=mode, adaptive=False, ready_timeout=20), [workers[0].address],
+                        [w.address for w in workers[1:]], "h", [2])
+    return router, workers
+
+
+def _stop(router, loop, workers, ctx):
+    router.stop()
+    if loop.ident is not None:
+        loop.join(timeout=5)   # the loop closes its sockets as it ends
+    else:
+        router._close()
+    for w in workers:
+        w.stop.set()
+        w.thread.join(timeout=5)
+        w.sock.close(0)
+    ctx.term()
+
+
+def _drain(req) -> list[int]:
+    seen, kind = [], None
+    while kind != "done":
+        kind, value = req.events.get(timeout=30)
+        assert kind != "error", value
+        seen += value if kind == "tokens" else []
+    return seen
+
+
 def test_the_loop_survives_workers_that_answer_nonsense_and_the_output_stays_the_targets():
     """A target whose first verify answer of each sequence is j > K (then honest: it accepts nothing and
     decodes 4, 5, 6, ...) and a draft that answers every JIT with out-of-vocabulary tokens and publishes entries
@@ -74,11 +105,7 @@ def test_the_loop_survives_workers_that_answer_nonsense_and_the_output_stays_the
                                                          for t in range(VOCAB)], 0.001) for it in msg.items]
         return []
 
-    workers = [FakeWorker(ctx, "target", target), FakeWorker(ctx, "draft", draft)]
-    for w in workers:
-        w.thread.start()
-    router = RouterLoop(CoreConfig(mode="ssd", adaptive=False, ready_timeout=20), [workers[0].address],
-                        [workers[1].address], "h", [2])
+    router, workers = _loop_with(ctx, target, draft, mode="ssd")
     loop = threading.Thread(target=router.run, daemon=True)
     try:
         router.handshake()
@@ -94,47 +121,7 @@ def test_the_loop_survives_workers_that_answer_nonsense_and_the_output_stays_the
             assert seen == [3, 4, 5, 6, 7, 8] and value is FinishReason.LENGTH
         assert loop.is_alive() and lied == {r.seq for r in reqs}
     finally:
-        router.stop()
-        if loop.ident is not None:
-            loop.join(timeout=5)   # the loop closes its sockets as it ends
-        else:
-            router._close()
-        for w in workers:
-            w.stop.set()
-            w.thread.join(timeout=5)
-            w.sock.close(0)
-        ctx.term()
-
-
-def _loop_with(ctx, target, draft=None, mode="ar"):
-    workers = [FakeWorker(ctx, "target", target)] + ([FakeWorker(ctx, "draft", draft)] if draft else [])
-    for w in workers:
-        w.thread.start()
-    router = RouterLoop(CoreConfig(mode=mode, adaptive=False, ready_timeout=20), [workers[0].address],
-                        [w.address for w in workers[1:]], "h", [2])
-    return router, workers
-
-
-def _stop(router, loop, workers, ctx):
-    router.stop()
-    if loop.ident is not None:
-        loop.join(timeout=5)
-    else:
-        router._close()
-    for w in workers:
-        w.stop.set()
-        w.thread.join(timeout=5)
-        w.sock.close(0)
-    ctx.term()
-
-
-def _drain(req) -> list[int]:
-    seen, kind = [], None
-    while kind != "done":
-        kind, value = req.events.get(timeout=30)
-        assert kind != "error", value
-        seen += value if kind == "tokens" else []
-    return seen
+        _stop(router, loop, workers, ctx)
 
 
 def test_the_loop_sleeps_while_a_verify_is_out_and_a_submit_wakes_it(monkeypatch):
