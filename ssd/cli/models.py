@@ -32,6 +32,8 @@ def add_parser(sub) -> None:
     dist.add_argument("--steps", type=int, default=800, help="training steps (the learning-rate schedule)")
     dist.add_argument("--schedule", choices=("steps", "minutes"), default="steps",
                       help="the learning rate's cosine runs over --steps, or over the --minutes budget")
+    dist.add_argument("--correction-weight", type=float, default=0.0,
+                      help="extra loss weight of chains starting right after a draft error (where rounds start)")
     dist.add_argument("--lr", type=float, default=1e-3)
     dist.add_argument("--seed", type=int, default=0)
     dist.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -88,7 +90,7 @@ def cmd_distill(args) -> int:
     if args.stage in ("train", "all"):
         cfg = TrainConfig(steps=args.steps, minutes=args.minutes, lr=args.lr, seed=args.seed, bf16=not args.no_bf16,
                           follow=args.follow, init_from=str(args.init_from or ""),
-                          layers=args.layers, schedule=args.schedule)
+                          layers=args.layers, schedule=args.schedule, correction_weight=args.correction_weight)
         train(target, data, run, cfg)
         if args.export:
             export(run, args.export, {"command": "ssd " + " ".join(sys.argv[1:]) if sys.argv[1:] else "ssd models distill",

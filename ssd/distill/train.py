@@ -45,6 +45,8 @@ class TrainConfig:
     schedule: str = "steps"        # the learning rate's cosine runs over "steps", or over the "minutes" budget
                                    # (then `steps` is only a cap: a run on a device of unknown speed fills its time)
     seed: int = 0
+    correction_weight: float = 0.0  # extra loss weight of the chains that start right after a draft error (where
+                                    # the engine's rounds start: the token there is the target's correction)
     bf16: bool = True
     held_out_shards: int = 1       # the first shard(s) of the data are kept for validation
     reload_every: int = 50         # steps between looks for new shards (data generation may still run)
@@ -105,11 +107,20 @@ def loss_fn(draft, toks, feats, valid, cfg: TrainConfig) -> tuple[torch.Tensor, 
     total, accs = 0.0, []
     T = toks.shape[1]
     pos = torch.arange(T, device=toks.device)
+    weight = torch.ones(toks.shape, device=toks.device)
+    if cfg.correction_weight:
+        # wrong[p]: the draft's first drafted token after p is not the target's, so the token at p + 1 is a
+        # correction and a round starts there; the depth-k chain at p started at p - k + 1
+        with torch.no_grad():
+            wrong = (logits[0].argmax(-1) != tgt.argmax(-1)).float()
     for k, lg in enumerate(logits, start=1):
         m = valid & (pos >= k - 1)[None, :]
+        if cfg.correction_weight:
+            weight = 1.0 + cfg.correction_weight * torch.cat((torch.zeros_like(wrong[:, :k]), wrong[:, :T - k]), 1)
         lp = torch.log_softmax(lg.float(), -1)
         ce = -(tprob * lp).sum(-1)
-        total = total + cfg.depth_decay ** (k - 1) * (ce * m).sum() / m.sum().clamp(min=1)
+        w = m * weight
+        total = total + cfg.depth_decay ** (k - 1) * (ce * w).sum() / w.sum().clamp(min=1)
         with torch.no_grad():
             accs.append(((lg.argmax(-1) == tgt.argmax(-1)) & m).sum() / m.sum().clamp(min=1))
     return total, torch.stack(accs)
