@@ -21,15 +21,17 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu" / "distill.sh"
 
 
-def _run(tmp_path, models_dir, timeout: int, **env):
+def _run(tmp_path, models_dir, timeout: int, *args: str, **env):
     full = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "SSD_GPU_DISTILL_SMOKE")}
     full |= {"PYTHON": sys.executable, "OUT": str(tmp_path / "out"), "SSD_GPU_DISTILL_WORK": str(tmp_path / "work"),
              "SSD_MODELS_DIR": str(models_dir)} | env
-    return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=timeout, env=full, cwd=ROOT)
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=full, cwd=ROOT)
 
 
 def test_the_smoke_path_leaves_an_installable_draft_its_history_and_a_summary(default_models, tmp_path):
-    r = _run(tmp_path, default_models["target"].parent, 600, SSD_GPU_DISTILL_SMOKE="1")
+    # a two-layer draft with the loss weighted after draft errors: the recipe's options reach its training
+    r = _run(tmp_path, default_models["target"].parent, 600, "--layers", "2", "--correction-weight", "1",
+             SSD_GPU_DISTILL_SMOKE="1")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "== gpu_distill ==" in r.stdout
     out = tmp_path / "out"
@@ -46,7 +48,9 @@ def test_the_smoke_path_leaves_an_installable_draft_its_history_and_a_summary(de
     assert names == set(trained_tensors(draft)) and dtypes == {torch.bfloat16}
     provenance = json.loads((out / "draft.json").read_text())
     assert provenance == meta and provenance["steps"] == "2" and provenance["command"].startswith("bash bench/gpu")
-    assert json.loads(provenance["train_config"])["device"] == "cpu"
+    train_config = json.loads(provenance["train_config"])
+    assert (train_config["device"], train_config["layers"], train_config["correction_weight"]) == ("cpu", 2, 1.0)
+    assert len(draft.layers) == 2
 
     # what `ssd models prepare` does with a shipped draft: a model folder the loader reads as a FeatureDraft
     folder = tmp_path / "installed"
