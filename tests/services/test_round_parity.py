@@ -6,6 +6,11 @@ K = 3), greedy decoding and one request at a time (so no batch composition can d
 determined: the draft's JIT proposal, the target's outcome. A request's round count, its accepted drafts and,
 per position, its acceptance must then agree exactly; so must its tokens. SSD adds cache lookups whose
 timeliness depends on the processes' speed, so there only the tokens and the speculation are compared.
+
+Both sides also need the same history: the workers' prefix caches reuse the KV of earlier requests' shared
+chat-template prefix, computed over a different length, and at a near-tie of the draft's top two tokens those
+last-bit differences pick a different proposal (same tokens, different rounds). So the test runs its own stack,
+which no other test has used, and one in-process engine per mode that serves the same requests in the same order.
 """
 import pytest
 
@@ -23,19 +28,30 @@ def engine_pair(default_models):
     return load_model(default_models["target"]), load_model(default_models["draft"])
 
 
-def in_process(pair, mode: str, prompt: list[int]):
-    engine = SpeculativeEngine(*pair, SpecConfig(mode=mode, k=3), max_batch=1)
-    assert isinstance(engine.core, RoundCore)
+@pytest.fixture(scope="module")
+def engines(engine_pair):
+    """One in-process engine per mode, kept across the prompts as the stack's workers are."""
+    built = {}
+
+    def get(mode: str) -> SpeculativeEngine:
+        if mode not in built:
+            built[mode] = SpeculativeEngine(*engine_pair, SpecConfig(mode=mode, k=3), max_batch=16)
+            assert isinstance(built[mode].core, RoundCore)
+        return built[mode]
+    return get
+
+
+def in_process(engine: SpeculativeEngine, prompt: list[int]):
     seq = engine.generate([prompt], SamplingParams(max_tokens=TOKENS, ignore_eos=True))[0]
     return seq.output, seq.stats
 
 
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
-def test_router_and_in_process_engine_agree_round_by_round(stack, engine_pair, chat_prompts, ar_reference, mode):
-    with Client(stack.grpc_address, timeout=300) as client:
+def test_router_and_in_process_engine_agree_round_by_round(fresh_stack, engines, chat_prompts, ar_reference, mode):
+    with Client(fresh_stack.grpc_address, timeout=300) as client:
         for i in (0, 2, 5):   # code, math and chat prompts, one at a time
             served = client.generate(chat_prompts[i], max_tokens=TOKENS, ignore_eos=True, mode=mode, k=3)
-            tokens, stats = in_process(engine_pair, mode, chat_prompts[i])
+            tokens, stats = in_process(engines(mode), chat_prompts[i])
             assert served.token_ids == tokens == ar_reference[i][:TOKENS]
             accepted = served.completion_tokens - 1 - served.stats.rounds
             assert accepted > 0, "no drafted token was accepted: the comparison below proves nothing"
