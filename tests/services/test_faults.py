@@ -227,8 +227,8 @@ def test_draft_sigstop_backups_take_over_and_no_stream_waits_it_out(default_mode
 class _SlowSecondTarget(Stack):
     """target1 shares CPU 1 with the draft (target0 has CPU 0 to itself): a slower replica."""
 
-    def _spawn(self, name: str, args: list[str]) -> None:
-        super()._spawn(name, args + (["--cpus", "1"] if name == "target1" else []))
+    def _spawn(self, name: str, role: str, index: int, args: list[str]) -> None:
+        super()._spawn(name, role, index, args + (["--cpus", "1"] if name == "target1" else []))
 
 
 @pytest.mark.slow
