@@ -49,21 +49,18 @@ def stack(default_models, tmp_path_factory):
     pair (the distilled feature draft accepts about half of its tokens) and K fixed at 3 (`--adaptive false`), so
     every sd/ssd request speculates whatever ran before it. The adaptive policy has its own stack
     (test_adaptive_stack.py)."""
-    logs = tmp_path_factory.mktemp("logs")
-    with Stack(stack_config(default_models, logs)) as s:
-        s.logs = logs
-        yield s
+    yield from _default_stack(default_models, tmp_path_factory.mktemp("logs"))
 
 
 @pytest.fixture(scope="module")
 def fresh_stack(default_models, tmp_path_factory):
     """The `stack` fixture's settings in a stack of the module's own, which no other test module has used."""
-    logs = tmp_path_factory.mktemp("fresh-logs")
-    with Stack(stack_config(default_models, logs)) as s:
+    yield from _default_stack(default_models, tmp_path_factory.mktemp("fresh-logs"))
+
+
+def _default_stack(default_models, logs):
+    cfg = StackConfig(mode="ssd", drafts=1, log_dir=logs, max_batch=16, target_cpus="0", draft_cpus="1", threads=1,
+                      draft_model=default_models["draft"], extra={"router": ["--adaptive", "false"]})
+    with Stack(cfg) as s:
         s.logs = logs
         yield s
-
-
-def stack_config(default_models, logs) -> StackConfig:
-    return StackConfig(mode="ssd", drafts=1, log_dir=logs, max_batch=16, target_cpus="0", draft_cpus="1", threads=1,
-                       draft_model=default_models["draft"], extra={"router": ["--adaptive", "false"]})

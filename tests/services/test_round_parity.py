@@ -31,17 +31,11 @@ def engine_pair(default_models):
 @pytest.fixture(scope="module")
 def engines(engine_pair):
     """One in-process engine per mode, kept across the prompts as the stack's workers are."""
-    built = {}
-
-    def get(mode: str) -> SpeculativeEngine:
-        if mode not in built:
-            built[mode] = SpeculativeEngine(*engine_pair, SpecConfig(mode=mode, k=3), max_batch=16)
-            assert isinstance(built[mode].core, RoundCore)
-        return built[mode]
-    return get
+    return {mode: SpeculativeEngine(*engine_pair, SpecConfig(mode=mode, k=3), max_batch=16) for mode in ("sd", "ssd")}
 
 
 def in_process(engine: SpeculativeEngine, prompt: list[int]):
+    assert isinstance(engine.core, RoundCore)
     seq = engine.generate([prompt], SamplingParams(max_tokens=TOKENS, ignore_eos=True))[0]
     return seq.output, seq.stats
 
@@ -51,7 +45,7 @@ def test_router_and_in_process_engine_agree_round_by_round(fresh_stack, engines,
     with Client(fresh_stack.grpc_address, timeout=300) as client:
         for i in (0, 2, 5):   # code, math and chat prompts, one at a time
             served = client.generate(chat_prompts[i], max_tokens=TOKENS, ignore_eos=True, mode=mode, k=3)
-            tokens, stats = in_process(engines(mode), chat_prompts[i])
+            tokens, stats = in_process(engines[mode], chat_prompts[i])
             assert served.token_ids == tokens == ar_reference[i][:TOKENS]
             accepted = served.completion_tokens - 1 - served.stats.rounds
             assert accepted > 0, "no drafted token was accepted: the comparison below proves nothing"
