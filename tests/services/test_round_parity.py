@@ -42,9 +42,11 @@ def in_process(engine: SpeculativeEngine, prompt: list[int]):
 
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
 def test_router_and_in_process_engine_agree_round_by_round(fresh_stack, engines, chat_prompts, ar_reference, mode):
+    hits = 0
     with Client(fresh_stack.grpc_address, timeout=300) as client:
         for i in (0, 2, 5):   # code, math and chat prompts, one at a time
             served = client.generate(chat_prompts[i], max_tokens=TOKENS, ignore_eos=True, mode=mode, k=3)
+            hits += served.stats.cache_hits
             tokens, stats = in_process(engines[mode], chat_prompts[i])
             assert served.token_ids == tokens == ar_reference[i][:TOKENS]
             accepted = served.completion_tokens - 1 - served.stats.rounds
@@ -53,3 +55,5 @@ def test_router_and_in_process_engine_agree_round_by_round(fresh_stack, engines,
                 assert served.stats.rounds == stats.rounds, i
                 assert accepted == sum(stats.accepted), i
                 assert list(served.stats.acceptance_per_position) == pytest.approx(stats.acceptance_per_position)
+    if mode == "ssd":
+        assert hits > 0, "ssd: no round took its speculation from the cache"
