@@ -7,7 +7,7 @@
 # every training checkpoint re-exports the draft, so a timeout still leaves one. See bench/gpu/distill.py.
 # The interpreter: $PYTHON, else the project's .venv, else python3. One without torch is an error (exit 1);
 # with torch but no CUDA device there is nothing to do (exit 0, saying so). A stage that failed: exit 1;
-# the timeout (455 s, then a kill 10 s later): 124.
+# the timeout (--budget + 35 s, 455 s by default, then a kill 10 s later): 124.
 # SSD_GPU_DISTILL_SMOKE=1 (or --smoke) runs every stage on the CPU at toy size, in well under a minute.
 #   bash bench/gpu/distill.sh [extra args for bench/gpu/distill.py]
 set -uo pipefail
@@ -24,4 +24,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
     echo "gpu_distill: no CUDA device visible to $PY (torch $("$PY" -c 'import torch; print(torch.__version__)')): nothing to do, exit 0"
     exit 0
 fi
-exec timeout -k 10 455 "$PY" bench/gpu/distill.py "$@"
+budget=420   # the recipe's own default; the timeout follows --budget, 35 s past it
+prev=
+for arg in "$@"; do [[ $prev == --budget ]] && budget=${arg%.*}; prev=$arg; done
+exec timeout -k 10 $((budget + 35)) "$PY" bench/gpu/distill.py "$@"
