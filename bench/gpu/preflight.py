@@ -23,6 +23,8 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu import distill as D  # noqa: E402
+from ssd.config import ModelConfig  # noqa: E402
+from ssd.models.hf_layout import expected_tensors  # noqa: E402
 from ssd.models.prepare import _write_eagle  # noqa: E402
 
 
@@ -36,20 +38,10 @@ def tiny_target(files: Path, out: Path, layers: int = 16, hidden: int = 64) -> P
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         shutil.copyfile(files / name, out / name)
     g = torch.Generator().manual_seed(0)
-    H, hd = hidden, hidden // 4
-
-    def w(rows, cols):
-        return 0.1 * torch.randn(rows, cols, generator=g)
-
-    t = {"model.embed_tokens.weight": torch.randn(cfg["vocab_size"], H, generator=g), "model.norm.weight": torch.ones(H)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        t |= {p + "input_layernorm.weight": torch.ones(H), p + "post_attention_layernorm.weight": torch.ones(H),
-              p + "self_attn.q_proj.weight": w(4 * hd, H), p + "self_attn.k_proj.weight": w(2 * hd, H),
-              p + "self_attn.v_proj.weight": w(2 * hd, H), p + "self_attn.o_proj.weight": w(H, 4 * hd),
-              p + "mlp.gate_proj.weight": w(2 * H, H), p + "mlp.up_proj.weight": w(2 * H, H),
-              p + "mlp.down_proj.weight": w(H, 2 * H)}
-    save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
+    tensors = {name: torch.ones(shape) if len(shape) == 1 else
+               torch.randn(shape, generator=g) * (1.0 if "embed" in name else 0.1)
+               for name, shape in expected_tensors(ModelConfig.from_dict(cfg)).items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
 

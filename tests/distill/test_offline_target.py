@@ -9,12 +9,12 @@ import torch
 from safetensors.torch import load_file
 
 from bench.gpu.offline_target import decode_gguf, digest, main
-from ssd.models.prepare import default_gguf_path
+from ssd.models.prepare import default_gguf_path, is_prepared, read_marker
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_gguf_decodes_to_the_prepared_target_bit_for_bit(default_models, tmp_path, capsys):
+def test_the_gguf_decodes_to_the_prepared_target_bit_for_bit(default_models, tmp_path):
     target = default_models["target"]
     prepared = load_file(str(target / "model.safetensors"))
     decoded = decode_gguf(default_gguf_path(), heads=9, kv_heads=3)
@@ -28,7 +28,6 @@ def test_the_gguf_decodes_to_the_prepared_target_bit_for_bit(default_models, tmp
     assert main([str(default_gguf_path()), str(tmp_path / "bad"), "--files", str(target), "--expect", "0" * 64]) == 3
     assert not (tmp_path / "bad").exists()
     assert main([str(default_gguf_path()), str(tmp_path / "models"), "--files", str(target), "--expect", want]) == 0
-    from ssd.models.prepare import is_prepared, read_marker
     folder = tmp_path / "models" / target.name
     marker = read_marker(target)
     assert is_prepared(folder, {k: marker[k] for k in ("format", "kind", "source")})
