@@ -18,7 +18,7 @@ from typing import Callable
 from ssd.spec.adaptive import AdaptiveK, CostTable
 from ssd.spec.backup import BackupTimings
 from ssd.spec.cache import LookupReason
-from ssd.spec.fanout import FanoutPolicy
+from ssd.spec.fanout import FIRST_WINDOW, FanoutPolicy
 
 log = logging.getLogger("ssd.round")
 
@@ -149,7 +149,7 @@ class SpeculationPlanner:
             return []
         policy = self._fanout.get(draft)
         if policy is None:
-            policy = self._fanout[draft] = FanoutPolicy(self.k, sum(draft.ready.fanout))
+            policy = self._fanout[draft] = FanoutPolicy(self.k, sum(draft.ready.fanout), first_window=FIRST_WINDOW)
         fanout = policy.fanout(sequences)
         if fanout != self._fanout_logged.get(draft):
             self._fanout_logged[draft] = fanout

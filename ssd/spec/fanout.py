@@ -52,6 +52,10 @@ __all__ = [
 PRIOR_ACCEPTANCE = 0.6   # per position, before any is measured
 R_PRIOR = 0.4            # miss(F) ~ F^-r: measured on the default pair (bench/fanout.py), 0.3-0.5 by position
 FORKS_PER_POSITION = 16  # the default budget per acceptance position
+FIRST_WINDOW = 8         # the router's policies first adjust after this many lookups (then every 32): a new
+                         # stack's draft starts at its whole budget, whose round outlasts a verify on the
+                         # default pair (64 forks: 1.1 verifies), and one 32-lookup window of late rounds was
+                         # most of a 128-token request (12 of 46 rounds hit on a fresh stack, 2026-12-04)
 
 
 def _check(K: int, budget: int) -> None:
@@ -210,8 +214,9 @@ class FanoutPolicy:
     * Budget: forks per draft round, shared by its sequences (``fanout(sequences)``: each gets an equal share,
       between one fork per position and the draft's own ``max_budget``), since the draft's time follows their
       sum: a batch that grows shrinks every share at once. Every ``window`` lookups of drafted rounds
-      (``observe_late(late)``), a late fraction above ``late_high`` takes a quarter off the forks the window's
-      rounds asked for. Otherwise they are scaled so the draft's round takes ``headroom`` of the target's
+      (``observe_late(late)``; the first time after ``first_window``, so a new draft's first request need not wait
+      a whole window of late rounds), a late fraction above ``late_high`` takes a quarter off the forks the
+      window's rounds asked for, or more when the times below say fewer fit. Otherwise they are scaled so the draft's round takes ``headroom`` of the target's
       verify: by ``headroom / (draft time / verify time)`` over the window (``observe_draft(s)`` per round the
       draft published, ``observe_verify(s)`` per verify batch; at most x2 up, /4 down, never up while
       ``late_low`` or more of the window was late). The draft's time grows with its forks, so this settles where
@@ -222,12 +227,15 @@ class FanoutPolicy:
 
     def __init__(self, k: int, max_budget: int, r_prior: float = R_PRIOR, window: int = 32, late_high: float = 0.1,
                  late_low: float = 0.03, decay: float = 0.98, min_lookups: float = 20.0,
-                 prior_acceptance: float = PRIOR_ACCEPTANCE, prior_strength: float = 4.0, headroom: float = 0.8):
+                 prior_acceptance: float = PRIOR_ACCEPTANCE, prior_strength: float = 4.0, headroom: float = 0.8,
+                 first_window: int | None = None):
         _check(k, max_budget)
         if not r_prior > 0:
             raise ValueError(f"r_prior must be > 0, got {r_prior}")
         if window < 1 or not 0 <= late_low <= late_high <= 1:
             raise ValueError("need window >= 1 and 0 <= late_low <= late_high <= 1")
+        if first_window is not None and first_window < 1:
+            raise ValueError(f"first_window must be >= 1, got {first_window}")
         if not 0 < prior_acceptance < 1 or not prior_strength > 0:
             raise ValueError(f"need 0 < prior_acceptance < 1 and prior_strength > 0, got {prior_acceptance}, "
                              f"{prior_strength}")
@@ -237,6 +245,8 @@ class FanoutPolicy:
         self.min_budget = min(k + 1, max_budget)
         self.budget = max_budget      # forks per draft round, over its sequences
         self.window, self.late_high, self.late_low = window, late_high, late_low
+        self.first_window = first_window or window   # lookups before the first adjustment
+        self._windows = 0                            # adjustments made
         self.decay, self.min_lookups = decay, min_lookups
         self.prior_acceptance, self.prior_strength, self.headroom = prior_acceptance, prior_strength, headroom
         self._lookups: dict[int, float] = {}
@@ -278,16 +288,20 @@ class FanoutPolicy:
     def observe_late(self, late: bool) -> None:
         self._seen += 1
         self._late += late
-        if self._seen < self.window:
+        if self._seen < (self.window if self._windows else self.first_window):
             return
+        self._windows += 1
         fraction = self._late / self._seen
         used = self._asked / self._rounds if self._rounds else self.budget   # forks per draft round
         b = self.budget
-        if fraction > self.late_high:
-            b = used - max(1, used // 4)
-        elif self._draft_n and self._verify_n and self._draft_s > 0 and self._verify_s > 0:
+        scaled = None   # the forks whose round would take `headroom` of a verify, by this window's times
+        if self._draft_n and self._verify_n and self._draft_s > 0 and self._verify_s > 0:
             ratio = (self._draft_s / self._draft_n) / (self._verify_s / self._verify_n)
             scaled = min(2.0 * used, max(used / 4.0, used * self.headroom / ratio))
+        if fraction > self.late_high:   # a quarter off, or down to what the times say fits when that is less
+            b = used - max(1, used // 4)
+            b = b if scaled is None else min(b, scaled)
+        elif scaled is not None:
             b = min(used, scaled) if fraction >= self.late_low else scaled
         elif fraction < self.late_low:
             b = used + max(1, used // 8)

@@ -12,6 +12,7 @@ from ssd.models.loader import load_model
 from ssd.params import FinishReason, SamplingParams
 from ssd.round import CoreConfig, Phase
 from ssd.round.state import MAX_TARGET_FAILURES
+from ssd.spec.fanout import FIRST_WINDOW
 from tests.round.fakes import Clock, Rig, events
 
 
@@ -263,6 +264,7 @@ def test_each_draft_round_carries_the_online_fanout_and_lookups_feed_it(adaptive
         core.on_message(rig.target, wire.Outcomes(verify.batch_id, [wire.Outcome(req.seq, 0, 4)], 0.05, []))
         assert req.round.source == "cache"
         policy = core.planner._fanout[draft]
+        assert policy.first_window == FIRST_WINDOW < policy.window   # a new draft's first window is short
         assert policy._seen == 1 and policy._late == 0        # looked up, in time
         assert policy._lookups == {fan[0]: 1.0} and policy._misses == {fan[0]: 0.0}   # a hit with F_0 forks
         assert policy._offered[0] == 1.0 and policy._accepted[0] == 0.0   # the outcome: token 1 rejected

@@ -266,3 +266,30 @@ def test_policy_settings_are_checked():
     with pytest.raises(ValueError, match="headroom"):
         FanoutPolicy(3, 8, headroom=0)
     assert FanoutPolicy(3, 2).min_budget == 2   # a draft budget under K + 1 stays what it is
+
+
+def test_a_late_window_cuts_to_what_the_measured_times_say_fits():
+    """Late entries with the draft's round at 1.3 verifies: down to 64 x 0.8 / 1.3 = 39 forks at once, not a
+    quarter off (48), which left a new stack's first request waiting for late entries; a quarter when the times
+    say less would do."""
+    p = FanoutPolicy(3, 64, window=8)
+    _window(p, 0.065, 0.05, late=True)
+    assert p.budget == 39
+    p = FanoutPolicy(3, 64, window=8)
+    _window(p, 0.045, 0.05, late=True)         # the times say 57 fit, the entries were late anyway
+    assert p.budget == 48
+
+
+def test_the_first_adjustment_comes_after_the_first_window():
+    p = FanoutPolicy(3, 64, window=32, first_window=8)
+    for _ in range(8):
+        p.observe_late(True)
+    assert p.budget == 48                      # after 8 lookups
+    for _ in range(31):
+        p.observe_late(True)
+    assert p.budget == 48                      # then every 32
+    p.observe_late(True)
+    assert p.budget == 36
+    with pytest.raises(ValueError, match="first_window"):
+        FanoutPolicy(3, 8, first_window=0)
+    assert FanoutPolicy(3, 8, window=5).first_window == 5
