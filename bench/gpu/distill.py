@@ -183,8 +183,9 @@ def teacher_data(run: Run, target_dir: Path, data_dir: Path) -> dict:
     args = run.args
     cuda = torch.device(args.device).type == "cuda"
     seconds = args.data_seconds
-    # at most 70% of what is left after the evaluation's share, training gets the rest: on the H200 the data
-    # (3,900 tok/s) was the limit, and training's held-out curve had made most of its gain by 2,000 steps
+    # at most 70% of what is left after the evaluation's share, training gets the rest. On the H200 the data made
+    # 3,900 tok/s while its sampled rows drew position-keyed CPU noise, 14,457 tok/s since (seeded streams): the
+    # default 420 s run then makes ~3M tokens (230 s of data made 3.1M and 6,400 steps followed, 2026-12-04)
     if seconds:
         seconds = max(10.0, min(seconds, (run.left() - args.eval_seconds) * 0.7))
     cfg = DataConfig(prompts=args.prompts, shard_size=args.shard_size, max_new_tokens=args.max_new_tokens,
@@ -196,7 +197,8 @@ def teacher_data(run: Run, target_dir: Path, data_dir: Path) -> dict:
     t = time.time()
     threads = torch.get_num_threads()
     if args.gen_procs > 1:   # on the H200 (16 cores) this process, at torch's 16 threads beside 3 helpers at 2 each,
-        torch.set_num_threads(2)   # answered 394 tok/s against the helpers' 1,300-1,500 (2026-12-04)
+        torch.set_num_threads(2)   # answered 394 tok/s against the helpers' 1,300-1,500; at 2 it made what they
+                                   # did (3,600-3,700 tok/s each, the second H200 run, 2026-12-04)
     ctx = mp.get_context("spawn")
     helpers = [ctx.Process(target=_generate_helper, args=(str(target_dir), str(data_dir), cfg, k), daemon=True)
                for k in range(1, args.gen_procs)]
