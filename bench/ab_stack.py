@@ -23,6 +23,7 @@ from ssd.prompts import PROMPTS_BY_KIND  # noqa: E402
 
 def main(label: str, batches=(8, 16), new_tokens: int = 96) -> None:
     prompts_all = [p for _, p in PROMPTS_BY_KIND]
+    # `ssd bench`'s pinning, spelled out here: the older checkout of an A/B has no shared helper to call
     cfg = StackConfig(mode="ssd", drafts=1, k=3, max_batch=max(batches), target_cpus="0", draft_cpus="1",
                       router_cpus="1", threads=1, log_dir=Path("bench/results/logs"))
     with Stack(cfg) as stack, Client(stack.grpc_address, timeout=3600) as client:

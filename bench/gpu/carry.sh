@@ -19,7 +19,8 @@ pack)
     G=$("$PY" -c 'from ssd.models.prepare import default_gguf_path; print(default_gguf_path())') || exit 1
     T=$("$PY" -c 'from ssd.models.prepare import prepare_default_models; print(prepare_default_models(log=lambda m: None)["target"])') || exit 1
     rm -rf .gpu && mkdir -p .gpu/a .gpu/b .gpu/w1/target .gpu/w2
-    for f in config.json tokenizer.json tokenizer_config.json generation_config.json source.json .ssd-prepared; do
+    files=$(PYTHONPATH=$PWD "$PY" -c 'from bench.gpu.offline_target import SMALL_FILES; print(*SMALL_FILES)') || exit 1
+    for f in $files; do
         cp "$T/$f" .gpu/w1/target/ || exit 1
     done
     "$PY" bench/gpu/offline_target.py --digest "$T" > .gpu/w2/digest || exit 1

@@ -216,17 +216,18 @@ class FanoutPolicy:
       sum: a batch that grows shrinks every share at once. Every ``window`` lookups of drafted rounds
       (``observe_late(late)``; the first time after ``first_window``, so a new draft's first request need not wait
       a whole window of late rounds), a late fraction above ``late_high`` takes a quarter off the forks the
-      window's rounds asked for, or more when the times below say fewer fit. Otherwise they are scaled so the draft's round takes ``headroom`` of the target's
-      verify: by ``headroom / (draft time / verify time)`` over the window (``observe_draft(s)`` per round the
+      window's rounds asked for, or more when the times below say fewer fit. Otherwise they are scaled so the
+      draft's round takes ``headroom`` of the target's verify: by ``headroom / (draft time / verify time)`` over the window (``observe_draft(s)`` per round the
       draft published, ``observe_verify(s)`` per verify batch; at most x2 up, /4 down, never up while
       ``late_low`` or more of the window was late). The draft's time grows with its forks, so this settles where
       the round fits. With no times measured, a window under ``late_low`` late gives an eighth back (at least
       one fork). The budget stays within one fork per position (per sequence) and ``max_budget`` a round,
       however many sequences share it: a wider round does not widen the draft's work. Where draft and target
       share a memory bus (two cores of one CPU) a draft kept busy through the verify slows it, and a wide
-      batch gains little from hits, since its verify waits for any one miss's JIT: the budget that grew to
-      ``max_budget`` per sequence left SSD's verify 26% slower than SD's at batch 8 on the default pair
-      (0.144 s against 0.114 s, its draft's rounds 0.122 s; `ssd bench`, 2026-12-04), and SSD at 0.83x SD.
+      batch gains little from hits, since its verify waits for any one miss's JIT. On the default pair at
+      batch 8, a budget grown to ``max_budget`` per sequence left SSD's verify 1.06-1.13x SD's and SSD at
+      0.95-0.99x SD; capped a round, 0.96-1.03x and 1.02-1.06x (interleaved stacks, K = 3:
+      bench/results/round_cap_ab.jsonl).
     """
 
     def __init__(self, k: int, max_budget: int, r_prior: float = R_PRIOR, window: int = 32, late_high: float = 0.1,
@@ -250,7 +251,7 @@ class FanoutPolicy:
         self.budget = max_budget      # forks per draft round, over its sequences
         self.window, self.late_high, self.late_low = window, late_high, late_low
         self.first_window = first_window or window   # lookups before the first adjustment
-        self._windows = 0                            # adjustments made
+        self._due = self.first_window                # lookups the current window takes
         self.decay, self.min_lookups = decay, min_lookups
         self.prior_acceptance, self.prior_strength, self.headroom = prior_acceptance, prior_strength, headroom
         self._lookups: dict[int, float] = {}
@@ -292,9 +293,9 @@ class FanoutPolicy:
     def observe_late(self, late: bool) -> None:
         self._seen += 1
         self._late += late
-        if self._seen < (self.window if self._windows else self.first_window):
+        if self._seen < self._due:
             return
-        self._windows += 1
+        self._due = self.window
         fraction = self._late / self._seen
         used = self._asked / self._rounds if self._rounds else self.budget   # forks per draft round
         b = self.budget
