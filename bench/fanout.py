@@ -12,7 +12,9 @@ the router's `FanoutPolicy` each round, as in the services). From that:
   round over the target's verify time on the same machine);
 * the outcome distribution P(j) and the coverage curve P(t* among the top F | j) for F = 1..F_j of the widest
   run, and from them the best split of each budget (an exact knapsack over the measured curves: in-sample, so an
-  upper bound) beside the splits that were run;
+  upper bound) beside the splits that were run, and the router's `FanoutPolicy` replayed at each budget over the
+  widest run's lookups in order (its split learnt online, out of sample: with one miss curve for all outcome
+  positions and with each position's own scale);
 * the draft's time per round split into its glue forward and its branch steps, and the tokens a round commits
   by where its speculation came from (cache entry or JIT).
 
@@ -41,7 +43,7 @@ from ssd.engine.speculative import SpecConfig, SpeculativeEngine  # noqa: E402
 from ssd.engine.stats import SpecStats  # noqa: E402
 from ssd.prompts import PROMPTS_BY_KIND  # noqa: E402
 from ssd.sampling import SamplingParams  # noqa: E402
-from ssd.spec.fanout import default_fanout, geometric_fanout, uniform_fanout  # noqa: E402
+from ssd.spec.fanout import FanoutPolicy, default_fanout, geometric_fanout, uniform_fanout  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "fanout.json"
 
@@ -183,6 +185,24 @@ def best_split(cov: dict, budget: int) -> tuple[list[int], float]:
     return fan, round(hit, 4)
 
 
+def replay(lookups, k: int, budget: int, per_position: bool) -> tuple[float, list[int]]:
+    """The router's `FanoutPolicy` split at a fixed `budget`, replayed over recorded lookups in their order (each
+    lookup's fan-out chosen from what came before it, as online; hit when t* ranks below the forks its j got,
+    within the widths recorded): its hit rate and last split. `per_position`: the policy's own miss scale per
+    outcome position (else one curve for all positions, as before 2026-12-04)."""
+    policy, hits = FanoutPolicy(k, budget), 0
+    fan = policy.fanout()
+    for j, rank, width, _ in lookups:
+        fan = policy.fanout()
+        forks = min(fan[j], width)
+        hit = rank is not None and rank < forks
+        hits += hit
+        policy.observe_outcome(j, k)
+        if fan[j] > 0:
+            policy.observe_lookup(fan[j], hit, j if per_position else None)
+    return round(hits / len(lookups), 4) if lookups else 0.0, fan
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_pair_args(ap, RESULTS)
@@ -225,14 +245,20 @@ def main():
               f"{[x['hit_rate'] for x in row['by_j']]} tpr {row['tokens_per_round']:.2f} "
               f"spec/verify {row['speculate_over_verify']}", flush=True)
     cov = coverage(widest[1], args.k)
-    best = {b: best_split(cov, b) for b in sorted({r["budget"] for r in runs if r["batch"] == 1})}
+    budgets = sorted({r["budget"] for r in runs if r["batch"] == 1})
+    best = {b: best_split(cov, b) for b in budgets}
+    replays = {b: {name: replay(widest[1], args.k, b, per) for name, per in (("shared", False), ("per_position", True))}
+               for b in budgets if b < sum(widest[0])}
     result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(),
               "config": {"target": str(args.target), "draft": str(args.draft), "prompts": args.prompts,
                          "new_tokens": args.new_tokens, "k": args.k, "threads": args.threads,
                          "command": " ".join(["python bench/fanout.py", *sys.argv[1:]]),
                          "geometric": {"a": args.acceptance, "r": args.r}},
-              "runs": runs, "coverage": {"from_fanout": widest[0], **cov},
-              "best_split": {str(b): {"fanout": f, "hit_rate": h} for b, (f, h) in best.items()}}
+              "runs": runs, "coverage": {"from_fanout": widest[0], **cov,
+                                         "lookups": [[j, rank, width] for j, rank, width, _ in widest[1]]},
+              "best_split": {str(b): {"fanout": f, "hit_rate": h} for b, (f, h) in best.items()},
+              "policy_replay": {str(b): {name: {"hit_rate": h, "last_fanout": f} for name, (h, f) in r.items()}
+                                for b, r in replays.items()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print("\n| batch | budget | split | fan-out | hit | hit j=0..K | tokens/round | speculate/verify | glue/verify |")
@@ -248,6 +274,8 @@ def main():
         print(f"coverage j={j}: {c}")
     for b, (f, h) in best.items():
         print(f"best split of {b}: {f} -> hit {h}")
+    for b, r in replays.items():
+        print(f"policy at {b} forks, replayed: " + ", ".join(f"{name} {h:.3f} (last {f})" for name, (h, f) in r.items()))
     print(f"wrote {args.out}")
 
 

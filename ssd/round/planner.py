@@ -140,7 +140,9 @@ class SpeculationPlanner:
         if reason in (LookupReason.HIT, LookupReason.NO_ENTRY) and req.round.fanout:
             fan = req.round.fanout[:len(req.round.tokens)] + [req.round.fanout[-1]]
             if j < len(fan) and fan[j] > 0:
-                policy.observe_lookup(fan[j], reason is LookupReason.HIT)
+                # the position the forks were for: j, or the bonus token's (K) after full acceptance
+                position = j if j < len(req.round.tokens) else policy.k
+                policy.observe_lookup(fan[j], reason is LookupReason.HIT, position)
 
     # ---- fan-out ----------------------------------------------------------------------------------
     def round_fanout(self, draft, sequences: int = 1) -> list[int]:

@@ -124,10 +124,12 @@ def outcome_probabilities(acceptance: Sequence[float]) -> list[float]:
     return out + [reach]
 
 
-def outcome_fanout(budget: int, p_outcome: Sequence[float], r: float) -> list[int]:
-    """The fan-out maximising the hit rate ``sum_j P(j) (1 - F_j^-r)`` for the outcome distribution ``p_outcome``:
-    ``F_j ∝ P(j)^(1/(1+r))``, rounded by largest remainder to sum to ``budget``. With
-    ``P = outcome_probabilities([a] * K)`` it is ``geometric_fanout(K, budget, a, r)``."""
+def outcome_fanout(budget: int, p_outcome: Sequence[float], r: float,
+                   miss_scale: Sequence[float] | None = None) -> list[int]:
+    """The fan-out maximising the hit rate ``sum_j P(j) (1 - c_j F_j^-r)`` for the outcome distribution
+    ``p_outcome`` and a miss rate ``c_j F^-r`` at each position (``miss_scale`` = ``c_j``, default all 1):
+    ``F_j ∝ (P(j) c_j)^(1/(1+r))``, rounded by largest remainder to sum to ``budget``. With
+    ``P = outcome_probabilities([a] * K)`` and no scales it is ``geometric_fanout(K, budget, a, r)``."""
     if not p_outcome:
         raise ValueError("p_outcome needs one probability per acceptance position")
     _check(len(p_outcome) - 1, budget)
@@ -135,7 +137,12 @@ def outcome_fanout(budget: int, p_outcome: Sequence[float], r: float) -> list[in
         raise ValueError(f"power-law exponent r must be > 0, got {r}")
     if any(p < 0 for p in p_outcome) or not sum(p_outcome) > 0:
         raise ValueError(f"p_outcome must be >= 0 with a positive sum, got {list(p_outcome)}")
-    w = [p ** (1.0 / (1.0 + r)) for p in p_outcome]
+    scale = [1.0] * len(p_outcome) if miss_scale is None else list(miss_scale)
+    if len(scale) != len(p_outcome) or any(not c > 0 for c in scale):
+        raise ValueError(f"miss_scale needs one positive value per position, got {scale}")
+    w = [(p * c) ** (1.0 / (1.0 + r)) for p, c in zip(p_outcome, scale)]
+    if not sum(w) > 0:
+        raise ValueError(f"p_outcome must be >= 0 with a positive sum, got {list(p_outcome)}")
     return _largest_remainder([x / sum(w) for x in w], budget)
 
 
@@ -208,9 +215,15 @@ class FanoutPolicy:
     * Split: ``outcome_fanout`` over ``P(j)`` from the conditional acceptance measured at each position
       (``observe_outcome(j, offered)`` for each drafted round's outcome; decayed counts with ``prior_acceptance``
       as a prior of ``prior_strength`` rounds per position), and the exponent ``r`` fitted to the measured miss
-      rate at each fork count: ``observe_lookup(forks, hit)`` for an outcome the draft had published ``forks``
-      candidates for. ``r_prior`` until some fork count above 1 has ``min_lookups`` observations (counts decay
-      by ``decay`` per observation, so ``r`` follows the text).
+      rate at each fork count: ``observe_lookup(forks, hit, position)`` for an outcome ``j = position`` the draft
+      had published ``forks`` candidates for. ``r_prior`` until some fork count above 1 has ``min_lookups``
+      observations (counts decay by ``decay`` per observation, so ``r`` follows the text). Each position's miss
+      rate is ``c_j F^-r``, ``c_j`` its measured misses over what ``F^-r`` predicted for its lookups (``miss_scale``;
+      decayed by ``position_decay`` per lookup, ``position_prior`` lookups of ``c = 1`` as a prior), and the split
+      is ``F_j ∝ (P(j) c_j)^(1/(1+r))``: the positions are not alike. With the second H200 draft at K = 3 the
+      draft's top candidate after full acceptance (the bonus token) was the target's 73% of the time and after a
+      rejection of the first token 31% (bench/results/fanout_h200_draft2.json), so one curve for all gave the
+      bonus position forks it did not need (the best split of 32 there: [18, 6, 5, 3] against [11, 8, 6, 7]).
     * Budget: forks per draft round, shared by its sequences (``fanout(sequences)``: each gets an equal share,
       between one fork per position and the draft's own ``max_budget``), since the draft's time follows their
       sum: a batch that grows shrinks every share at once. Every ``window`` lookups of drafted rounds
@@ -233,7 +246,7 @@ class FanoutPolicy:
     def __init__(self, k: int, max_budget: int, r_prior: float = R_PRIOR, window: int = 32, late_high: float = 0.1,
                  late_low: float = 0.03, decay: float = 0.98, min_lookups: float = 20.0,
                  prior_acceptance: float = PRIOR_ACCEPTANCE, prior_strength: float = 4.0, headroom: float = 0.8,
-                 first_window: int | None = None):
+                 first_window: int | None = None, position_decay: float = 0.998, position_prior: float = 4.0):
         _check(k, max_budget)
         if not r_prior > 0:
             raise ValueError(f"r_prior must be > 0, got {r_prior}")
@@ -246,6 +259,9 @@ class FanoutPolicy:
                              f"{prior_strength}")
         if not headroom > 0:
             raise ValueError(f"headroom must be > 0, got {headroom}")
+        if not 0 < position_decay <= 1 or not position_prior > 0:
+            raise ValueError(f"need 0 < position_decay <= 1 and position_prior > 0, got {position_decay}, "
+                             f"{position_prior}")
         self.k, self.max_budget, self.r_prior = k, max_budget, r_prior
         self.min_budget = min(k + 1, max_budget)
         self.budget = max_budget      # forks per draft round, over its sequences
@@ -256,18 +272,35 @@ class FanoutPolicy:
         self.prior_acceptance, self.prior_strength, self.headroom = prior_acceptance, prior_strength, headroom
         self._lookups: dict[int, float] = {}
         self._misses: dict[int, float] = {}
+        self.position_decay, self.position_prior = position_decay, position_prior
+        # per outcome position j: decayed lookups and misses by the forks it had
+        self._pos_lookups: list[dict[int, float]] = [{} for _ in range(k + 1)]
+        self._pos_misses: list[dict[int, float]] = [{} for _ in range(k + 1)]
         self._accepted = [0.0] * k
         self._offered = [0.0] * k
         self._seen = self._late = 0
         self._draft_s, self._draft_n, self._verify_s, self._verify_n = 0.0, 0, 0.0, 0
         self._asked = self._rounds = 0   # this window: forks asked for, draft rounds
 
-    def observe_lookup(self, forks: int, hit: bool) -> None:
+    def observe_lookup(self, forks: int, hit: bool, position: int | None = None) -> None:
+        """An outcome the draft had published ``forks`` candidates for, hit or not; ``position``: its j (0..K),
+        for the position's own miss scale (None: only the shared exponent learns from it)."""
         for f in self._lookups:
             self._lookups[f] *= self.decay
             self._misses[f] *= self.decay
         self._lookups[forks] = self._lookups.get(forks, 0.0) + 1.0
         self._misses[forks] = self._misses.get(forks, 0.0) + (0.0 if hit else 1.0)
+        if position is None:
+            return
+        if not 0 <= position <= self.k:
+            raise ValueError(f"position must be in 0..{self.k}, got {position}")
+        for lookups, misses in zip(self._pos_lookups, self._pos_misses):
+            for f in lookups:
+                lookups[f] *= self.position_decay
+                misses[f] *= self.position_decay
+        lookups, misses = self._pos_lookups[position], self._pos_misses[position]
+        lookups[forks] = lookups.get(forks, 0.0) + 1.0
+        misses[forks] = misses.get(forks, 0.0) + (0.0 if hit else 1.0)
 
     def observe_outcome(self, accepted: int, offered: int) -> None:
         """A drafted round's outcome: ``accepted`` of its ``offered`` tokens (positions past K are not counted)."""
@@ -332,9 +365,22 @@ class FanoutPolicy:
         s, a0 = self.prior_strength, self.prior_acceptance
         return [(acc + a0 * s) / (off + s) for acc, off in zip(self._accepted, self._offered)]
 
+    def miss_scale(self, r: float | None = None) -> list[float]:
+        """``c_j`` at each outcome position: its decayed misses over the misses ``F^-r`` predicted for its lookups
+        (``r``: the fitted exponent by default), with ``position_prior`` lookups at ``c = 1`` as a prior."""
+        r = self.exponent() if r is None else r
+        out = []
+        for lookups, misses in zip(self._pos_lookups, self._pos_misses):
+            n = sum(lookups.values())
+            expected = sum(w * max(f, 1) ** -r for f, w in lookups.items())
+            prior = self.position_prior * (expected / n if n else 1.0)   # prior lookups, at the position's own forks
+            out.append((sum(misses.values()) + prior) / (expected + prior))
+        return out
+
     def fanout(self, sequences: int = 1) -> list[int]:
         """The fan-out of each sequence of a draft round of ``sequences`` (counted toward the window)."""
         per = self.per_sequence(sequences)
         self._asked += per * max(1, sequences)
         self._rounds += 1
-        return outcome_fanout(per, outcome_probabilities(self.acceptance()), self.exponent())
+        r = self.exponent()
+        return outcome_fanout(per, outcome_probabilities(self.acceptance()), r, self.miss_scale(r))

@@ -267,6 +267,7 @@ def test_each_draft_round_carries_the_online_fanout_and_lookups_feed_it(adaptive
         assert policy.first_window == FIRST_WINDOW < policy.window   # a new draft's first window is short
         assert policy._seen == 1 and policy._late == 0        # looked up, in time
         assert policy._lookups == {fan[0]: 1.0} and policy._misses == {fan[0]: 0.0}   # a hit with F_0 forks
+        assert policy._pos_lookups == [{fan[0]: 1.0}, {}, {}, {}]                 # ... at outcome position 0
         assert policy._offered[0] == 1.0 and policy._accepted[0] == 0.0   # the outcome: token 1 rejected
         # the draft's compute for the round and the target's for the verify size the next budget
         assert (policy._draft_n, policy._draft_s, policy._verify_n, policy._verify_s) == (1, 0.01, 1, 0.05)

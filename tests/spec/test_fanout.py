@@ -168,6 +168,48 @@ def test_policy_fits_r_from_miss_rates_at_each_fork_count():
     assert p.fanout() == outcome_fanout(12, outcome_probabilities(p.acceptance()), p.exponent())
 
 
+def test_outcome_fanout_gives_more_forks_where_a_position_misses_more():
+    p = outcome_probabilities([0.5, 0.5, 0.5])
+    assert outcome_fanout(32, p, 0.4, [1.0] * 4) == outcome_fanout(32, p, 0.4)
+    assert outcome_fanout(32, p, 0.4, [2.0] * 4) == outcome_fanout(32, p, 0.4)   # only the ratios count
+    plain, scaled = outcome_fanout(32, p, 0.4), outcome_fanout(32, p, 0.4, [1.0, 1.0, 1.0, 0.25])
+    assert scaled[3] < plain[3] and scaled[0] > plain[0] and sum(scaled) == 32
+    w = [(pj * c) ** (1 / 1.4) for pj, c in zip(p, [1.0, 1.0, 1.0, 0.25])]
+    assert all(abs(f - 32 * x / sum(w)) < 1 for f, x in zip(scaled, w))   # F_j ∝ (P(j) c_j)^(1/(1+r))
+    with pytest.raises(ValueError, match="miss_scale"):
+        outcome_fanout(32, p, 0.4, [1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="miss_scale"):
+        outcome_fanout(32, p, 0.4, [1.0, 1.0, 1.0, 0.0])
+
+
+def test_policy_measures_each_positions_miss_scale_and_splits_by_it():
+    """Outcomes at four positions whose misses fall as c_j F^-0.4 with c = [0.9, 0.6, 0.5, 0.25] (the bonus token is
+    the easiest to guess, as on the default pair): the policy measures the scales' ratios and its split hits more
+    often, by the true curves, than the split by P(j) alone; lookups without a position teach only r."""
+    c = [0.9, 0.6, 0.5, 0.25]
+    rng = np.random.default_rng(1)
+    p = FanoutPolicy(3, 32)
+    shared = FanoutPolicy(3, 32)
+    for _ in range(4000):
+        j = int(rng.choice(4, p=[0.5, 0.25, 0.1, 0.15]))
+        for q in (p, shared):
+            f = q.fanout()[j]
+            hit = rng.random() >= c[j] * f ** -0.4
+            q.observe_outcome(j, 3)
+            q.observe_lookup(f, hit, j if q is p else None)
+    scale = p.miss_scale(0.4)
+    assert [x / scale[0] for x in scale] == pytest.approx([y / c[0] for y in c], abs=0.12)
+    assert shared.miss_scale() == [1.0] * 4 and shared._pos_lookups == [{}, {}, {}, {}]
+
+    def hit_rate(fan):
+        return sum(pj * (1 - min(1.0, cj * f ** -0.4)) if f else 0.0
+                   for pj, cj, f in zip([0.5, 0.25, 0.1, 0.15], c, fan))
+    assert p.fanout()[3] < shared.fanout()[3] and p.fanout()[0] > shared.fanout()[0]
+    assert hit_rate(p.fanout()) > hit_rate(shared.fanout()) + 0.005
+    with pytest.raises(ValueError, match="position"):
+        p.observe_lookup(4, True, 4)
+
+
 def test_policy_cuts_the_budget_while_late_and_gives_it_back():
     p = FanoutPolicy(3, 16, window=10)
     for _ in range(10):
@@ -264,6 +306,10 @@ def test_policy_settings_are_checked():
         FanoutPolicy(3, 8, prior_acceptance=1.0)
     with pytest.raises(ValueError, match="headroom"):
         FanoutPolicy(3, 8, headroom=0)
+    with pytest.raises(ValueError, match="position_decay"):
+        FanoutPolicy(3, 8, position_decay=0)
+    with pytest.raises(ValueError, match="position_prior"):
+        FanoutPolicy(3, 8, position_prior=0)
     assert FanoutPolicy(3, 2).min_budget == 2   # a draft budget under K + 1 stays what it is
 
 
