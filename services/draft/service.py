@@ -23,6 +23,9 @@ class DraftConfig(WorkerConfig):
     """Settings of a draft replica."""
     data_address: str = field(default="tcp://127.0.0.1:5602", metadata={"help": "ZeroMQ endpoint to bind"})
     control_address: str = field(default="127.0.0.1:5702", metadata={"help": "gRPC control address to bind"})
+    dtype: str = field(default="auto", metadata={"help": "weights and KV cache: auto (bfloat16 where the device "
+                                                         "computes it natively, else float32), float32, bfloat16 or "
+                                                         "float16; a draft's dtype changes no output"})
     k: int = field(default=3, metadata={"help": "tokens per speculation (K)"})
     fanout: tuple[int, ...] = field(default=(), metadata={"help": "forks per acceptance position F_0..F_K"})
     budget: int = field(default=0, metadata={"help": "total forks per round when fanout is not given "
@@ -39,7 +42,7 @@ def draft_role(cfg: DraftConfig, folder: Path) -> Role:
     fanout = cfg.resolved_fanout()
 
     def load() -> Loaded:
-        model = load_plain(cfg, folder)
+        model = load_plain(cfg, folder, "draft")
         max_len = model.cfg.context_length(cfg.max_len, strict=True)
         columns = max_len + cfg.k + 1   # a sequence's committed KV and one speculation
         worker = DraftWorker(model, cfg.max_seqs, max_len, cfg.k, fanout,

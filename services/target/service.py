@@ -12,7 +12,7 @@ from pathlib import Path
 from ssd.engine.target_handler import TargetHandler
 from ssd.engine.target_tp import SETTINGS, build_target, load_leader, tp_problem
 from ssd.engine.warmup import warm_up_target
-from ssd.worker.service import Loaded, Role, WorkerConfig, load_plain, run_worker, setup_process
+from ssd.worker.service import Loaded, Role, WorkerConfig, load_plain, resolve_dtype, run_worker, setup_process
 
 
 @dataclass(slots=True)
@@ -25,6 +25,7 @@ class TargetConfig(WorkerConfig):
 def target_role(cfg: TargetConfig, folder: Path) -> Role:
     """The target as the worker shell runs it (building it loads nothing)."""
     settings = {name: getattr(cfg, name) for name in SETTINGS}   # every tensor-parallel rank builds alike
+    settings["dtype"] = resolve_dtype(cfg.dtype, cfg.device, "target")
 
     def load() -> Loaded:
         if cfg.tp_size > 1:

@@ -24,7 +24,9 @@ def add_parser(sub) -> None:
     up.add_argument("--draft", type=Path, default=None, help="draft model folder (default: the embedded draft)")
     up.add_argument("--device", default="", help="where the target and drafts run: cpu, cuda or cuda:N (default: cpu)")
     up.add_argument("--dtype", default="",
-                    help="weights and KV cache: float32, bfloat16 or float16 (default: float32)")
+                    help="weights and KV cache of the target and drafts: auto, float32, bfloat16 or float16 "
+                         "(default: auto: float32 for the target, bfloat16 for the drafts where the device "
+                         "computes it natively)")
     up.add_argument("--max-batch", type=int, default=16,
                     help="sequences generating at once (the router's batch, each worker's KV slots)")
     up.add_argument("--host", default="127.0.0.1",

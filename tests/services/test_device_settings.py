@@ -12,12 +12,12 @@ from ssd.cli.launcher import Stack, StackConfig
 from ssd.client import Client
 from ssd.control import describe
 from ssd.models.parallel import free_port
-from ssd.worker.service import WorkerConfig, device_problem
+from ssd.worker.service import WorkerConfig, device_problem, resolve_dtype
 from tests.services.conftest import accepted_drafts
 
 
 @pytest.mark.parametrize("changes,message", [
-    ({"dtype": "float64"}, "--dtype must be one of float32, bfloat16, float16"),
+    ({"dtype": "float64"}, "--dtype must be auto or one of float32, bfloat16, float16"),
     ({"cuda_graphs": "sometimes"}, "--cuda-graphs must be auto, on or off"),
     ({"device": "banana"}, "--device must be cpu, cuda or cuda:N"),
     ({"device": "meta"}, "--device must be cpu, cuda or cuda:N"),
@@ -31,10 +31,29 @@ def test_bad_settings_are_named(changes, message):
 
 
 def test_good_settings_pass():
-    for dtype in ("float32", "bfloat16", "float16"):
+    for dtype in ("auto", "float32", "bfloat16", "float16"):
         cfg = WorkerConfig()
         cfg.dtype = dtype
         assert device_problem(cfg) is None
+
+
+def test_auto_is_float32_for_the_target_and_native_bfloat16_for_a_draft(monkeypatch):
+    """The target stays float32 (the reference every mode is identical to); a draft, whose dtype changes no output,
+    runs bfloat16 where the device computes it natively; a dtype given is kept for either."""
+    from services.draft.service import DraftConfig
+    from services.target.service import TargetConfig
+    from ssd.worker import service
+
+    assert (TargetConfig().dtype, DraftConfig().dtype) == ("float32", "auto")
+    for native in (True, False):
+        monkeypatch.setattr(service, "native_bf16", lambda device, native=native: native)
+        assert resolve_dtype("auto", "cpu", "target") == "float32"
+        assert resolve_dtype("auto", "cpu", "draft") == ("bfloat16" if native else "float32")
+        assert resolve_dtype("float16", "cpu", "draft") == "float16"
+        assert resolve_dtype("bfloat16", "cpu", "target") == "bfloat16"
+    monkeypatch.undo()
+    # on CPU, what oneDNN says of this machine (AVX-512 BF16 or AMX): the default pair's CI machine has it
+    assert service.native_bf16("cpu") == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where there is no CUDA device")

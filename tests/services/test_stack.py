@@ -32,6 +32,23 @@ def test_greedy_output_through_stack_equals_in_process_ar(stack, chat_prompts, a
         assert_speculated(results, mode)   # drafts were accepted (and, in ssd, taken from the cache)
 
 
+def test_the_draft_runs_in_the_dtype_auto_resolves_to_and_the_target_in_float32(stack, default_models):
+    """The stack above is the default settings' (no --dtype): its greedy outputs equal float32 AR (the test before),
+    whatever the draft's dtype; its draft's KV takes the bytes per element of `resolve_dtype("auto", ...)` (bfloat16
+    on a CPU with native bfloat16), the target's four (a draft's capacity also holds its branches' scratch rows:
+    within half again its tokens, where the other element size would be off by twice)."""
+    from ssd.config import ModelConfig
+    from ssd.worker.service import resolve_dtype
+
+    for control, folder, size in ((stack.draft_control[0], default_models["draft"],
+                                   2 if resolve_dtype("auto", "cpu", "draft") == "bfloat16" else 4),
+                                  (stack.target_control[0], default_models["target"], 4)):
+        info, m = describe(control), ModelConfig.from_folder(folder)
+        rows, tokens = info.kv_capacity_bytes / (2 * m.num_layers * m.num_kv_heads * m.head_dim * size), \
+            info.kv_capacity_tokens + 1                                 # K and V; + the cache's pad row
+        assert rows == int(rows) and tokens <= rows < 1.5 * tokens, (folder, size, rows, tokens)
+
+
 def test_draft_killed_mid_generation_output_unchanged_and_restart_picked_up(stack, chat_prompts, ar_reference,
                                                                              assert_speculated):
     client = Client(stack.grpc_address)
