@@ -1,41 +1,65 @@
-"""SSD against SD at K = 3 on a fresh stack of the code in the current folder, batches 8 and 16 (ssd, sd, ssd at
-each: the first SSD run lets the fan-out policy settle at that batch), one JSON line per run. Alternating stacks
-of two commits gives an A/B in which the machine's drift hits both alike:
+"""Modes on a fresh stack of the code in the current folder, one JSON line per run: by default SSD against SD at
+K = 3 at batches 8 and 16 (ssd, sd, ssd at each: the first SSD run lets the fan-out policy settle at that batch).
+Alternating stacks of two commits (or of two settings: `--draft-dtype`) gives an A/B in which the machine's drift
+hits both alike:
 
     git worktree add /tmp/before <commit>
     for v in after before before after; do (cd $([ $v = after ] && echo . || echo /tmp/before) &&
         PYTHONPATH=$PWD python /path/to/bench/ab_stack.py $v); done > ab.jsonl
+    for d in bfloat16 float32 bfloat16; do python bench/ab_stack.py $d --batches 1 --modes ssd,sd,ar,ssd-auto,sd-auto \
+        --draft-dtype $d; done > ab.jsonl
 
-(`bench/results/round_cap_ab.jsonl`: the fan-out round cap, 8d63c2e against 52559b8, 2026-12-04.)
+Modes are `run_mode`'s (ar, sd and ssd at K = 3, sd-auto and ssd-auto at the router's K). Each line: tok/s, and the
+router's totals over the run (rounds, verify batches `vb`, drafted positions `offered`, the target's verify seconds
+and their round trips, JIT batches and seconds, cache lookups by outcome, tokens per round), with the verify and
+the draft round per batch and the hit rate.
+(`bench/results/round_cap_ab.jsonl`: the fan-out round cap, 8d63c2e against 52559b8, 2026-12-04;
+`bench/results/draft_dtype_ab.jsonl`: the draft in bfloat16 against float32, 2026-12-04.)
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, ".")   # the checkout being measured, not this file's
-from ssd.bench.stack import run_mode  # noqa: E402
+from ssd.bench.stack import _diff, _totals, run_mode  # noqa: E402
 from ssd.cli.launcher import Stack, StackConfig  # noqa: E402
 from ssd.client.sync import Client  # noqa: E402
 from ssd.prompts import PROMPTS_BY_KIND  # noqa: E402
 
 
-def main(label: str, batches=(8, 16), new_tokens: int = 96) -> None:
+def main(label: str, batches=(8, 16), modes=("ssd", "sd", "ssd"), new_tokens: int = 96,
+         draft_dtype: str = "") -> None:
     prompts_all = [p for _, p in PROMPTS_BY_KIND]
     # `ssd bench`'s pinning, spelled out here: the older checkout of an A/B has no shared helper to call
     cfg = StackConfig(mode="ssd", drafts=1, k=3, max_batch=max(batches), target_cpus="0", draft_cpus="1",
-                      router_cpus="1", threads=1, log_dir=Path("bench/results/logs"))
+                      router_cpus="1", threads=1, log_dir=Path("bench/results/logs"),
+                      extra={"draft": ["--dtype", draft_dtype]} if draft_dtype else {})
     with Stack(cfg) as stack, Client(stack.grpc_address, timeout=3600) as client:
         client.generate(prompts_all[0], chat=True, max_tokens=4, mode="ssd")   # warm-up
         for b in batches:
             prompts = [prompts_all[i % len(prompts_all)] for i in range(max(8, b))]
-            for mode in ("ssd", "sd", "ssd"):
+            for mode in modes:
+                before = _totals(client)
                 r = run_mode(client, prompts, mode, b, new_tokens, 3)
+                d = _diff(_totals(client), before)
                 print(json.dumps({"label": label, "batch": b, "mode": mode, "tok_s": round(r["tok_s"], 2),
                                   "verify": round(r["verify_s_per_batch"], 4), "draft": round(r["draft_round_s"], 4),
-                                  "hit": round(r["hit_rate"], 3)}), flush=True)
+                                  "hit": round(r["hit_rate"], 3), "wall": round(r["wall_s"], 2),
+                                  "rounds": d["rounds"], "vb": d["verify_batches"], "offered": d["offered"],
+                                  "verify_s": round(d["target_verify_s"], 2), "rt_s": round(d["verify_roundtrip_s"], 2),
+                                  "jitb": d["jit_batches"], "jit_s": round(d["jit_s"], 2), "cache": d["cache"],
+                                  "tpr": round(r["tokens_per_round"], 2)}), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "run")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("label", nargs="?", default="run")
+    ap.add_argument("--batches", default="8,16")
+    ap.add_argument("--modes", default="ssd,sd,ssd")
+    ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--draft-dtype", default="", help="the draft's --dtype (default: the service's own)")
+    a = ap.parse_args()
+    main(a.label, tuple(int(b) for b in a.batches.split(",")), tuple(a.modes.split(",")), a.new_tokens, a.draft_dtype)

@@ -163,14 +163,15 @@ def load_plain(cfg: WorkerConfig, folder: Path, role: str = "target"):
 
 
 def native_bf16(device: str) -> bool:
-    """Whether `device` multiplies bfloat16 matrices in hardware: on CPU, what oneDNN reports (AVX-512 BF16 or AMX;
-    elsewhere bfloat16 is emulated and slower than float32); on CUDA, `torch.cuda.is_bf16_supported()`."""
+    """Whether `device` multiplies bfloat16 matrices in hardware: on CPU, AVX-512 BF16 or AMX as torch detects them
+    (elsewhere bfloat16 is emulated: an AVX2 CPU ran bf16 ~20x slower than float32, docs/models.md); on CUDA,
+    `torch.cuda.is_bf16_supported()`."""
     import torch
 
     if torch.device(device).type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return bool(torch.backends.mkldnn.is_available() and check is not None and check())
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(check is not None and check() for check in checks)
 
 
 def resolve_dtype(dtype: str, device: str, role: str) -> str:
