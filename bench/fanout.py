@@ -190,8 +190,7 @@ def replay(lookups, k: int, budget: int, per_position: bool) -> tuple[float, lis
     lookup's fan-out chosen from what came before it, as online; hit when t* ranks below the forks its j got,
     within the widths recorded): its hit rate and last split. `per_position`: the policy's own miss scale per
     outcome position (else one curve for all positions, as before 2026-12-04)."""
-    policy, hits = FanoutPolicy(k, budget), 0
-    fan = policy.fanout()
+    policy, hits, fan = FanoutPolicy(k, budget), 0, []
     for j, rank, width, _ in lookups:
         fan = policy.fanout()
         forks = min(fan[j], width)

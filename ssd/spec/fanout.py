@@ -141,8 +141,6 @@ def outcome_fanout(budget: int, p_outcome: Sequence[float], r: float,
     if len(scale) != len(p_outcome) or any(not c > 0 for c in scale):
         raise ValueError(f"miss_scale needs one positive value per position, got {scale}")
     w = [(p * c) ** (1.0 / (1.0 + r)) for p, c in zip(p_outcome, scale)]
-    if not sum(w) > 0:
-        raise ValueError(f"p_outcome must be >= 0 with a positive sum, got {list(p_outcome)}")
     return _largest_remainder([x / sum(w) for x in w], budget)
 
 

@@ -153,13 +153,11 @@ def wait_drained(handler: Handler, grace: float) -> int:
 def load_plain(cfg: WorkerConfig, folder: Path, role: str = "target"):
     """The model of `folder` on --device in --dtype (`resolve_dtype` for `role`; one process, no tensor
     parallelism)."""
-    import torch
-
     from ssd.models.loader import load_model
 
-    dtype = resolve_dtype(cfg.dtype, cfg.device, role)
+    dtype = torch_dtype(cfg.dtype, cfg.device, role)
     log.info("%s weights in %s (--dtype %s) on %s", role, dtype, cfg.dtype, cfg.device)
-    return load_model(folder, dtype=getattr(torch, dtype), device=cfg.device)
+    return load_model(folder, dtype=dtype, device=cfg.device)
 
 
 def native_bf16(device: str) -> bool:
@@ -183,6 +181,13 @@ def resolve_dtype(dtype: str, device: str, role: str) -> str:
     if dtype != "auto":
         return dtype
     return "bfloat16" if role == "draft" and native_bf16(device) else "float32"
+
+
+def torch_dtype(dtype: str, device: str, role: str):
+    """`resolve_dtype` as a torch dtype (what a worker of `role`, or a test or bench standing in for it, loads)."""
+    import torch
+
+    return getattr(torch, resolve_dtype(dtype, device, role))
 
 
 def settings_problem(cfg: WorkerConfig, role: Role) -> str | None:

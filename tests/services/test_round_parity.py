@@ -13,14 +13,13 @@ last-bit differences pick a different proposal (same tokens, different rounds). 
 which no other test has used, and one in-process engine per mode that serves the same requests in the same order.
 """
 import pytest
-import torch
 
 from ssd.client import Client
 from ssd.engine.speculative import SpecConfig, SpeculativeEngine
 from ssd.models.loader import load_model
 from ssd.round import RoundCore
 from ssd.sampling import SamplingParams
-from ssd.worker.service import resolve_dtype
+from ssd.worker.service import torch_dtype
 
 TOKENS = 24
 
@@ -29,8 +28,8 @@ TOKENS = 24
 def engine_pair(default_models):
     """The pair in the dtypes the stack's services load (the draft's --dtype auto: bfloat16 on a CPU with native
     bfloat16): a draft in another dtype proposes differently at near-ties, and the rounds would differ."""
-    draft_dtype = getattr(torch, resolve_dtype("auto", "cpu", "draft"))
-    return load_model(default_models["target"]), load_model(default_models["draft"], dtype=draft_dtype)
+    return load_model(default_models["target"]), load_model(default_models["draft"],
+                                                             dtype=torch_dtype("auto", "cpu", "draft"))
 
 
 @pytest.fixture(scope="module")
