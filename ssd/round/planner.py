@@ -41,6 +41,8 @@ class SpeculationPlanner:
             self.adaptive = {m: AdaptiveK(k, m, probe_every, verify=self.verify_cost, draft_step=timings.draft_step)
                              for m in ("sd", "ssd")}
             self.choice = {m: k for m in self.adaptive}
+            for m in self.adaptive:   # exported from the start, not only once the choice first changes
+                self.metrics.set_speculation_k(m, k)
         # per mode: rounds at K = 0 since a probe, rounds at K > 0 since an explore round (counted per verify
         # batch), and the last decision (the verify batch it was for, the K its sequences run next)
         self.since_probe: dict[str, int] = {m: 0 for m in self.adaptive}

@@ -53,6 +53,7 @@ class RecordingMetrics(RoundMetrics):
     def __init__(self):
         self.feature_rows_sent = 0
         self.drafts_alive: list[int] = []
+        self.speculation_k: dict[str, list[int]] = {}
         self.finished: list[dict] = []
 
     def request_finished(self, mode, outcome, prompt_tokens, completion_tokens, ttft_s, e2e_s, queue_s=None):
@@ -64,6 +65,9 @@ class RecordingMetrics(RoundMetrics):
 
     def set_drafts_alive(self, n: int) -> None:
         self.drafts_alive.append(n)
+
+    def set_speculation_k(self, mode: str, k: int) -> None:
+        self.speculation_k.setdefault(mode, []).append(k)
 
 
 class Rig:

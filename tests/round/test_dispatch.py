@@ -402,6 +402,21 @@ def run_rounds(rig, reqs, rounds: int) -> list[int]:
     return ks
 
 
+def test_the_adaptive_k_is_exported_from_the_start_not_only_once_it_changes():
+    """The `ssd_speculation_k` gauge per mode is set when the core starts, before any round: a CI run's first
+    request kept K = 3 all through, and a stack's /metrics then had no sample for it to read."""
+    rig = make_sd_rig("ssd", adaptive=True)
+    try:
+        assert rig.metrics.speculation_k == {"sd": [rig.core.k], "ssd": [rig.core.k]}
+    finally:
+        rig.core.shutdown("the test is over")
+    pinned = make_sd_rig("ssd", adaptive=False)
+    try:
+        assert pinned.metrics.speculation_k == {}   # no adaptive policy, no gauge
+    finally:
+        pinned.core.shutdown("the test is over")
+
+
 def test_a_batch_probes_together_while_speculation_is_off():
     """Adaptive K = 0 (sd): the probe round is decided once per verify batch, so every sequence of the batch probes
     in the same round (one JIT batch, one Verify at K = k max) and the interval counts the batch's rounds, doubling
