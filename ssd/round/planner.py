@@ -13,6 +13,7 @@ target's verify time and by its lateness (`ssd.spec.fanout.FanoutPolicy`).
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Callable
 
 from ssd.spec.adaptive import AdaptiveK, CostTable
@@ -48,6 +49,8 @@ class SpeculationPlanner:
         self.since_probe: dict[str, int] = {m: 0 for m in self.adaptive}
         self.since_explore: dict[str, int] = {m: 0 for m in self.adaptive}
         self._decided: dict[str, tuple[int, int]] = {}
+        # per target: the spans (start, end) of its recent prefills and restores, by the router's clock
+        self._target_busy: dict[object, deque] = {}
 
     # ---- K ----------------------------------------------------------------------------------------
     def plan_k(self, req) -> int:
@@ -103,11 +106,24 @@ class SpeculationPlanner:
         if req.round.source in ("cache", "jit") and req.mode in self.adaptive:
             self.adaptive[req.mode].observe_round(offered, accepted)
 
-    def observe_round_time(self, req, batch: int, seconds: float) -> None:
-        """A sequence's round as it lived it (its previous outcome to this one) at the K it planned, in a batch of
-        `batch` sequences: the policy of its mode sets its model's round time against it."""
-        if req.mode in self.adaptive:
-            self.adaptive[req.mode].observe_round_time(batch, req.round.k, seconds)
+    def observe_target_busy(self, target, start: float, end: float) -> None:
+        """`target` computed a prefill (or a restore) from `start` to `end` (its reply's arrival less its compute)."""
+        self._target_busy.setdefault(target, deque(maxlen=64)).append((start, end))
+
+    def observe_round_time(self, req, batch: int, start: float, end: float) -> None:
+        """A sequence's round as it lived it (its previous outcome at `start` to this one at `end`) at the K it
+        planned, in a batch of `batch` sequences: the policy of its mode sets its model's round time against it.
+        Not a round its target spent part of on a prefill: such a round waits for another request's prompt,
+        whatever its K. A target works one message at a time, so the reply of any prefill that held this round
+        came before this round's outcome, and its span is known here. Left in, those waits fell on whichever K
+        class the policy was running when requests arrived (at batch 4, K = 0 rounds read 1.12-1.17x the model
+        and K > 0 ones 1.01-1.05x in one run), and the correction then favoured speculating where it did not
+        pay."""
+        if req.mode not in self.adaptive:
+            return
+        if any(s < end and e > start for s, e in self._target_busy.get(req.target, ())):
+            return
+        self.adaptive[req.mode].observe_round_time(batch, req.round.k, end - start)
 
     def observe_jit(self, roundtrip: float, compute: float) -> None:
         for policy in self.adaptive.values():

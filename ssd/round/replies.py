@@ -96,6 +96,8 @@ class Replies:
     # ---- from targets -----------------------------------------------------------------------------
     def prefilled(self, worker, msg: wire.Prefilled) -> None:
         core = self.core
+        now = core.clock()
+        core.planner.observe_target_busy(worker, now - max(0.0, msg.elapsed_s), now)
         blocks = {seq: block for seq, *block in msg.features}
         logprobs = {lp.seq: lp for lp in msg.logprobs}
         prompt_logprobs = {lp.seq: lp for lp in msg.prompt_logprobs}
@@ -177,7 +179,7 @@ class Replies:
         core.planner.observe_round(req, len(rnd.tokens), out.accepted)
         now = core.clock()
         if req.last_outcome_at is not None:
-            core.planner.observe_round_time(req, len(core.active), now - req.last_outcome_at)
+            core.planner.observe_round_time(req, len(core.active), req.last_outcome_at, now)
         req.last_outcome_at = now
         if req.finish is not None:
             core.finish(req, req.finish)
@@ -186,6 +188,8 @@ class Replies:
 
     def restored(self, worker, msg: wire.Restored) -> None:
         core = self.core
+        now = core.clock()
+        core.planner.observe_target_busy(worker, now - max(0.0, msg.elapsed_s), now)
         for seq in msg.seqs:
             req = core.active.get(seq)
             if req is not None and req.phase is Phase.RESTORE and req.target is worker:

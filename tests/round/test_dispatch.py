@@ -370,6 +370,49 @@ def test_each_round_is_timed_from_the_sequences_previous_outcome_for_its_modes_p
         core.shutdown("the test is over")
 
 
+def test_a_round_its_target_spent_partly_on_a_prefill_is_not_timed_for_the_policy():
+    """sd: a's round is out when b's prefill reaches the target, which computes it (0.25 s) before a's verify; a's
+    round waited for another request's prompt, whatever its K, and gives the policy no time. a's next round (and
+    b's first, which starts as its prefill ends) are timed."""
+    clock = Clock()
+    rig = make_sd_rig("sd", clock=clock, adaptive=True)
+    core = rig.core
+    seen = []
+    core.planner.adaptive["sd"].observe_round_time = lambda batch, k, seconds: seen.append((batch, k, seconds))
+
+    def jit_and_verify(reqs):
+        core.dispatch()
+        (jit,) = rig.take(wire.Jit)
+        jit_answer(rig, jit)
+        core.dispatch()
+        (verify,) = rig.take(wire.Verify)
+        assert sorted(it.seq for it in verify.items) == sorted(r.seq for r in reqs)
+        return verify
+
+    try:
+        a = sd_admit(rig)
+        verify = jit_and_verify([a])
+        clock.advance(0.1)
+        answer(rig, verify)                       # a round with no prefill beside it: timed
+        assert seen == [(1, core.k, pytest.approx(0.1))]
+        verify = jit_and_verify([a])
+        b = core.submit("b", [5, 6, 7], SamplingParams(max_tokens=40), mode="sd")
+        core.take_new()
+        rig.take(wire.Prefill)
+        clock.advance(0.3)
+        core.on_message(rig.target, wire.Prefilled([(b.seq, 9)], 0.25, []))
+        rig.take(wire.DraftAdd)
+        clock.advance(0.05)
+        answer(rig, verify)                       # its target spent 0.25 s of it on b's prompt: not timed
+        assert len(seen) == 1
+        verify = jit_and_verify([a, b])
+        clock.advance(0.1)
+        answer(rig, verify)                       # both timed: a from its last outcome, b from its first token
+        assert sorted(seen[1:]) == [(2, core.k, pytest.approx(0.1)), (2, core.k, pytest.approx(0.15))]
+    finally:
+        core.shutdown("the test is over")
+
+
 def sd_admit_together(rig, n: int) -> list:
     """`n` sd requests prefilled in one answer (so one verify batch holds them all from their first round)."""
     reqs = [rig.core.submit(f"t{i}", [5, 6, 7], SamplingParams(max_tokens=200), mode="sd") for i in range(n)]

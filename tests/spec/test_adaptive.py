@@ -159,6 +159,22 @@ def test_the_current_k_stays_unless_another_is_predicted_faster_by_the_margin():
         AdaptiveK(3, "sd", margin=1.5)
 
 
+def test_speculation_runs_only_where_it_is_predicted_faster_than_plain_decoding_by_the_margin():
+    """A K > 0 predicted within 5% of K = 0 is no candidate, chosen or kept: speculation's own costs (part-full
+    verify batches, waits for the slowest JIT) are not in the prediction. Beyond the margin it is."""
+    a = AdaptiveK(3, "sd")
+    predicted = {}
+    a.throughput = lambda batch, k: predicted[k]
+    predicted.update({0: 100.0, 1: 104.0, 2: 103.0, 3: 90.0})
+    assert [a.choose(4, current=c) for c in (None, 0, 1, 2, 3)] == [0] * 5
+    predicted.update({1: 106.0, 2: 109.0})
+    assert a.choose(4) == 2 and a.choose(4, current=1) == 1   # both candidates: the one in use stays (margin)
+    assert a.choose(4, current=0) == 2 and a.choose(4, current=3) == 2
+    a.margin = 0.0
+    predicted.update({1: 100.5, 2: 99.0})
+    assert a.choose(4, current=0) == 1
+
+
 def test_a_round_waits_for_the_jit_round_trip_when_any_sequence_of_the_batch_missed():
     a = AdaptiveK(3, "ssd")
     timings(a, verify_c0=0.02, verify_c1=0.004, draft_step=0.002)
