@@ -215,8 +215,9 @@ class AdaptiveK:
         return batch * self.expected_tokens(k) / self.round_seconds(batch, k)
 
     def choose(self, batch: int, current: int | None = None) -> int:
-        """The K of the highest predicted throughput (the smaller on a tie); `current` (the K in use) stays
-        unless that one is predicted more than `margin` faster."""
+        """The K of the highest predicted throughput (the smaller on a tie) among K = 0 and the K > 0 predicted
+        more than `margin` faster than K = 0; `current` (the K in use), if among them, stays unless that one is
+        predicted more than `margin` faster."""
         batch = max(1, batch)
         tp = [self.throughput(batch, k) for k in range(self.k_max + 1)]
         # speculation only where it is predicted more than `margin` faster than plain decoding
