@@ -6,7 +6,6 @@ choose by the CPU); an untrained or broken draft accepts
 under 0.2. The in-process SD engine must speculate well too while its output stays the target's.
 """
 import pytest
-import torch
 
 from ssd.distill.evaluate import chain_acceptance
 from ssd.distill.data import DataConfig, generate_shard

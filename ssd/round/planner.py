@@ -107,8 +107,10 @@ class SpeculationPlanner:
             self.adaptive[req.mode].observe_round(offered, accepted)
 
     def observe_target_busy(self, target, start: float, end: float) -> None:
-        """`target` computed a prefill (or a restore) from `start` to `end` (its reply's arrival less its compute)."""
-        self._target_busy.setdefault(target, deque(maxlen=64)).append((start, end))
+        """`target` computed a prefill (or a restore) from `start` to `end` (its reply's arrival less its compute;
+        replies arrive in order, so the spans are kept in the order they end)."""
+        if self.adaptive:
+            self._target_busy.setdefault(target, deque(maxlen=64)).append((start, end))
 
     def observe_round_time(self, req, batch: int, start: float, end: float) -> None:
         """A sequence's round as it lived it (its previous outcome at `start` to this one at `end`) at the K it
@@ -121,8 +123,11 @@ class SpeculationPlanner:
         pay."""
         if req.mode not in self.adaptive:
             return
-        if any(s < end and e > start for s, e in self._target_busy.get(req.target, ())):
-            return
+        for s, e in reversed(self._target_busy.get(req.target, ())):   # newest first: ends only fall
+            if e <= start:
+                break
+            if s < end:
+                return
         self.adaptive[req.mode].observe_round_time(batch, req.round.k, end - start)
 
     def observe_jit(self, roundtrip: float, compute: float) -> None:
