@@ -192,6 +192,12 @@ class Decoder(nn.Module):
     def embed_inputs(self, batch: ForwardBatch) -> torch.Tensor:
         return F.embedding(batch.input_ids, self.embed)
 
+    def linear_weights(self) -> list[torch.Tensor]:
+        """Every matrix the forward and `logits` multiply by (what `ssd.models.linear.pack_model` packs)."""
+        mats = [w for layer in self.layers for w in (layer.attn.qkv_weight, layer.attn.o_weight,
+                                                     layer.mlp.gate_up_weight, layer.mlp.down_weight)]
+        return mats + [self.embed if self.lm_head is None else self.lm_head]
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.tp is not None:
             return self.tp.gather_vocab(linear(hidden, self.lm_head).float(), self.cfg.vocab_size)

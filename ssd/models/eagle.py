@@ -67,6 +67,9 @@ class FeatureDraft(Decoder):
         x = torch.cat((self.feature_norm(features.to(e.dtype)), self.embed_norm(e)), dim=-1)
         return linear(x, self.fc_weight, self.fc_bias)
 
+    def linear_weights(self) -> list[torch.Tensor]:
+        return [self.fc_weight] + super().linear_weights()
+
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary only ([..., draft_vocab_size], float32)."""
         return linear(hidden, self.lm_head).float()

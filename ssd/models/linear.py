@@ -1,39 +1,133 @@
-"""`linear(x, weight, bias)`: `F.linear`, with the formulation that is fastest on CPU for a few rows.
+"""`linear(x, weight, bias)`: `F.linear`, with the formulation that is fastest on CPU for the rows it is given.
 
 Contract
 --------
 * Same result as ``F.linear(x, weight, bias)`` up to floating-point summation order (each output is still the
-  dot product of one input row with one weight row); the same shapes, dtype and device; differentiable.
-* On CPU in float32 with few rows (all leading dimensions multiplied together), it computes
+  dot product of one input row with one weight row); the same shapes, dtype and device; differentiable (a product
+  that needs a gradient is always ``F.linear``).
+* **Packed weights** (`pack`, which `pack_model` applies to every matrix a loaded model multiplies on CPU): a copy of
+  the weight laid out once, at load time, for oneDNN's inner-product kernel. ``F.linear`` on CPU lays the weight out
+  again on every call (MKL's sgemm packs the whole matrix for 2..16 rows; oneDNN's bfloat16 path reorders it), which
+  on SmolLM2-135M's matrices made a product of 3..16 rows cost 1.6-2x one of a single row in float32
+  (`bench/matmul.py`); with the packed copy 3..6 rows cost what one row costs (the weights are read from memory once
+  either way) and 16 rows ~2x. In bfloat16 the packed kernel is used for every row count (about half the time of
+  ``F.linear``'s, with the same values on the draft's matrices); in float32 for 3 rows or more, the weight-major form below
+  being as fast for one or two. The copy costs the weight's memory again. Setting ``SSD_PACKED_WEIGHTS=0`` turns
+  packing off (for a memory-tight host, or to compare).
+* A packed copy is used only while it matches its weight: the weight's storage and version counter are recorded
+  when packing, so a weight replaced or changed in place (training) falls back to the unpacked path, never to a
+  stale copy (a write through ``.data`` bypasses the version counter and is not seen: pack again after one). `pack`
+  checks its copy against ``F.linear`` once and attaches nothing where the kernel is missing or
+  disagrees.
+* Unpacked, on CPU in float32 with few rows (all leading dimensions multiplied together), it computes
   ``(weight @ x^T)^T`` instead of ``x @ weight^T``. With MKL's sgemm, a 2..8-row product in the second form
   packs the whole weight matrix on every call and runs 1.5-4x slower than the first form (measured for every
   matrix of SmolLM2-135M, 1 and 2 threads: `bench/matmul.py`). One row is padded to two: the one-row kernel
   is slower than the two-row one.
-* Where it pays is fixed by shape, never timed at run time, so a given shape always takes the same path and
-  results are reproducible run to run: up to 2 rows always; up to 8 rows when the matrix has at least as many
-  outputs as inputs (a down projection's long input rows favour the ordinary form from 4 rows on). Everything
-  else (CUDA, bf16, many rows) is ``F.linear``.
+* Which path a product takes is fixed by its shape, its dtype and whether its weight is packed, never timed at run
+  time, so a given shape always takes the same path and results are reproducible run to run: weight-major up to 2
+  rows always; up to 8 rows when the matrix has at least as many outputs as inputs (a down projection's long input
+  rows favour the ordinary form from 4 rows on), unless packed. Everything else (CUDA, many rows unpacked) is
+  ``F.linear``.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["linear", "uses_weight_major"]
+__all__ = ["linear", "pack", "pack_model", "packed", "packing_enabled", "unpacked_linear",
+           "uses_weight_major"]
 
-PAIR_ROWS = 2       # at most this many rows: always weight-major
-WIDE_ROWS = 8       # at most this many rows: weight-major when out_features >= in_features
+PAIR_ROWS = 2       # at most this many rows: always weight-major (float32, unpacked or packed)
+WIDE_ROWS = 8       # at most this many rows: weight-major when out_features >= in_features (unpacked)
+PACK_HINT_ROWS = 4  # the row count oneDNN lays the copy out for (its layout served 1..512 rows alike)
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def packing_enabled() -> bool:
+    """Whether `pack_model` packs (``SSD_PACKED_WEIGHTS`` unset or not ``0``) and this torch has the kernel."""
+    if os.environ.get("SSD_PACKED_WEIGHTS", "1").strip() == "0":
+        return False
+    ops = torch.ops.mkldnn
+    return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise"))
+
+
+def _packed_product(x2d: torch.Tensor, copy: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x2d, copy, bias, "none", [], "")
+
+
+def pack(weight: torch.Tensor) -> bool:
+    """Attach to `weight` a copy laid out for oneDNN's inner product, which `linear` then uses (see the module's
+    contract). Only a 2-D CPU weight in float32 or bfloat16; returns whether a copy was attached."""
+    if weight.device.type != "cpu" or weight.dtype not in PACKED_DTYPES or weight.dim() != 2 or not weight.numel():
+        return False
+    w = weight.detach()
+    try:
+        copy = torch.ops.mkldnn._reorder_linear_weight(w, PACK_HINT_ROWS)
+        probe = torch.randn(PACK_HINT_ROWS, w.shape[1], generator=torch.Generator().manual_seed(0)).to(w.dtype)
+        got = torch.ops.mkldnn._linear_pointwise(probe, copy, None, "none", [], "").float()
+        want = F.linear(probe, w).float()
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    tol = 1e-4 if w.dtype == torch.float32 else 2e-2
+    if got.shape != want.shape or not torch.allclose(got, want, rtol=tol, atol=tol * float(want.abs().max()) + tol):
+        return False
+    weight._ssd_packed = (copy, w.data_ptr(), _version(weight))
+    return True
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """`t`'s in-place version counter (None for an inference tensor, which keeps none: made under
+    `torch.inference_mode`, it cannot be changed in place outside it)."""
+    return None if t.is_inference() else t._version
+
+
+def packed(weight: torch.Tensor) -> torch.Tensor | None:
+    """The packed copy `linear` would use for `weight` now (None: none attached, or the weight changed since)."""
+    entry = getattr(weight, "_ssd_packed", None)
+    if entry is None:
+        return None
+    copy, ptr, version = entry
+    return copy if weight.data_ptr() == ptr and _version(weight) == version else None
+
+
+def pack_model(model: torch.nn.Module) -> int:
+    """Pack every matrix `model.linear_weights()` names (a loaded model, for inference); returns how many were
+    packed: none when `packing_enabled()` is false or the model is not on CPU in float32 or bfloat16."""
+    if not packing_enabled():
+        return 0
+    return sum(pack(w) for w in model.linear_weights())
 
 
 def uses_weight_major(rows: int, weight: torch.Tensor) -> bool:
-    """Whether `linear` computes `rows` rows against `weight` as (weight @ x^T)^T."""
+    """Whether `linear` computes `rows` rows against `weight` (unpacked) as (weight @ x^T)^T."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
         return False
     out_features, in_features = weight.shape
     return 0 < rows and (rows <= PAIR_ROWS or (rows <= WIDE_ROWS and out_features >= in_features))
 
 
+def _uses_packed(rows: int, weight: torch.Tensor) -> bool:
+    return rows > PAIR_ROWS or weight.dtype != torch.float32
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    in_features = weight.shape[-1]
+    rows = x.numel() // in_features if in_features else 0
+    copy = packed(weight) if x.dtype == weight.dtype and rows else None
+    if (copy is not None and _uses_packed(rows, weight)
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                                  or (bias is not None and bias.requires_grad)))):
+        out = _packed_product(x.reshape(rows, in_features), copy, bias)
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+    return unpacked_linear(x, weight, bias)
+
+
+def unpacked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`linear` as if `weight` had no packed copy (benchmarks compare the two)."""
     in_features = weight.shape[-1]
     rows = x.numel() // in_features if in_features else 0
     if x.dtype != weight.dtype or not uses_weight_major(rows, weight):

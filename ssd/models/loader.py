@@ -17,6 +17,7 @@ from ssd.config import ModelConfig
 from ssd.models.decoder import Decoder
 from ssd.models.eagle import FeatureDraft
 from ssd.models.hf_layout import expected_tensors
+from ssd.models.linear import pack_model
 from ssd.models.parallel import TPGroup
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -75,7 +76,8 @@ def read_state_dict(folder: Path, cfg: ModelConfig, progress: bool | None = None
 def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                progress: bool | None = None, tp: TPGroup | None = None) -> Decoder:
     """With `tp`, this rank keeps its shard: its heads of q/k/v and o, its part of gate/up and down (rows,
-    columns) and of lm_head's vocabulary."""
+    columns) and of lm_head's vocabulary. On CPU every matrix the model multiplies by gets a packed copy
+    (`ssd.models.linear.pack_model`; ``SSD_PACKED_WEIGHTS=0`` turns it off)."""
     folder = Path(folder)
     cfg = ModelConfig.from_folder(folder)
     sd = read_state_dict(folder, cfg, progress)
@@ -134,4 +136,5 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
         put(layer.input_norm.weight, sd[p + "input_layernorm.weight"])
         put(layer.post_attn_norm.weight, sd[p + "post_attention_layernorm.weight"])
     model.eval().requires_grad_(False)
+    pack_model(model)
     return model

@@ -52,3 +52,115 @@ def test_gradients_match():
     F.linear(x, w).square().sum().backward()
     torch.testing.assert_close(gw, w.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gx, x.grad, rtol=1e-5, atol=1e-5)
+
+
+# --- packed weights -------------------------------------------------------------------------------------------
+
+import ssd.models.linear as linear_mod  # noqa: E402
+from ssd.models.linear import pack, pack_model, packed, packing_enabled, unpacked_linear  # noqa: E402
+
+needs_packing = pytest.mark.skipif(not packing_enabled(), reason="this torch has no oneDNN packed inner product")
+
+
+@pytest.fixture
+def packed_calls(monkeypatch):
+    """How many products `linear` sent to the packed kernel."""
+    calls = []
+    real = linear_mod._packed_product
+
+    def spy(x2d, copy, bias):
+        calls.append(x2d.shape[0])
+        return real(x2d, copy, bias)
+    monkeypatch.setattr(linear_mod, "_packed_product", spy)
+    return calls
+
+
+@needs_packing
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 6, 16, 40])
+@pytest.mark.parametrize("shape", [(96, 32), (32, 96)])
+def test_a_packed_weight_gives_f_linears_values_on_the_packed_path(rows, shape, dtype, packed_calls):
+    g = torch.Generator().manual_seed(rows * 7 + shape[0])
+    w = torch.randn(*shape, generator=g).to(dtype)
+    b = torch.randn(shape[0], generator=g).to(dtype)
+    x = torch.randn(2, rows, shape[1], generator=g).to(dtype)[:1]   # leading dimensions are rows
+    assert pack(w) and packed(w) is not None
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for bias in (None, b):
+        out = linear(x, w, bias)
+        assert out.shape == (1, rows, shape[0]) and out.dtype == dtype
+        torch.testing.assert_close(out, F.linear(x, w, bias), rtol=tol, atol=tol)
+    # float32: one or two rows stay weight-major (as fast there); bfloat16: packed at every row count
+    expect_packed = rows > 2 or dtype == torch.bfloat16
+    assert packed_calls == ([rows, rows] if expect_packed else [])
+
+
+@needs_packing
+def test_a_weight_changed_or_replaced_after_packing_is_never_multiplied_by_its_stale_copy(packed_calls):
+    layer = torch.nn.Linear(24, 40, bias=False)
+    w = layer.weight
+    with torch.no_grad():
+        assert pack(w)
+        x = torch.randn(5, 24)
+        w.mul_(-2.0)                                   # changed in place: the version counter moves
+        assert packed(w) is None
+        torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+        assert pack(w)
+        w.data = torch.randn(40, 24)                   # replaced: the storage moves
+        assert packed(w) is None
+        torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    assert packed_calls == []
+
+
+@needs_packing
+def test_a_product_that_needs_a_gradient_does_not_use_the_packed_copy(packed_calls):
+    w = torch.randn(30, 10)
+    assert pack(w)
+    w.requires_grad_(True)
+    x = torch.randn(4, 10, requires_grad=True)
+    linear(x, w).square().sum().backward()
+    gw, gx = w.grad.clone(), x.grad.clone()
+    w.grad = x.grad = None
+    F.linear(x, w).square().sum().backward()
+    torch.testing.assert_close(gw, w.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gx, x.grad, rtol=1e-5, atol=1e-5)
+    assert packed_calls == []
+    with torch.no_grad():
+        linear(x, w)
+    assert packed_calls == [4]
+
+
+def test_only_cpu_float32_and_bfloat16_matrices_are_packed():
+    assert not pack(torch.randn(8, 4, dtype=torch.float16))
+    assert not pack(torch.randn(8))
+    assert not pack(torch.randn(0, 4))
+
+
+@needs_packing
+def test_a_loaded_model_has_every_matrix_packed_and_the_same_greedy_logits(tiny_llama_dir, monkeypatch):
+    from ssd.models.decoder import ForwardBatch
+    from ssd.models.loader import load_model
+
+    model = load_model(tiny_llama_dir)
+    mats = model.linear_weights()
+    assert mats and all(packed(w) is not None for w in mats)
+    monkeypatch.setenv("SSD_PACKED_WEIGHTS", "0")
+    plain = load_model(tiny_llama_dir)
+    assert not packing_enabled() and pack_model(plain) == 0
+    assert all(packed(w) is None for w in plain.linear_weights())
+    with torch.inference_mode():
+        outs = []
+        for m in (model, plain):
+            cache = m.make_cache(2, 64)
+            batch = ForwardBatch.ragged([[3, 9, 4, 11, 7], [5, 2, 8, 1, 6]], [0, 0], [0, 1])
+            outs.append(m.logits(m(batch, cache)))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+    assert torch.equal(outs[0].argmax(-1), outs[1].argmax(-1))
+
+
+def test_unpacked_linear_ignores_a_packed_copy(packed_calls):
+    w = torch.randn(48, 16)
+    pack(w)
+    x = torch.randn(6, 16)
+    torch.testing.assert_close(unpacked_linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+    assert packed_calls == []

@@ -47,10 +47,14 @@ def test_a_useless_draft_turns_speculation_off_without_changing_output(stack, ch
         offered = counter_sum(stack, 'ssd_spec_draft_tokens_total{position="1"}')
         off = client.generate(chat_prompts[6], max_tokens=32, ignore_eos=True, mode="ssd")
         # The draft autoscaler reads late lookups / lookups: rounds the draft was not asked to speculate for
-        # record no lookup, so with speculation off only the probe rounds (those offering a draft token) count.
+        # record no lookup, so with speculation off only the probe rounds (those offering a draft token) count,
+        # and rounds where the choice went to K = 1 at a K = 0 round's dispatch and back before the next round
+        # (K = 1 is predicted within the margin of K = 0 here, and timing noise moves it): at most `flips` here,
+        # against the ~30 rounds of the request that counting every round would give.
         probes = counter_sum(stack, 'ssd_spec_draft_tokens_total{position="1"}') - offered
-        assert counter_sum(stack, "ssd_cache_lookups_total{") - lookups <= probes
-        assert counter_sum(stack, 'ssd_cache_lookups_total{result="late"}') - late <= probes
+        flips = 2
+        assert counter_sum(stack, "ssd_cache_lookups_total{") - lookups <= probes + flips
+        assert counter_sum(stack, 'ssd_cache_lookups_total{result="late"}') - late <= probes + flips
         pinned = client.generate(chat_prompts[6], max_tokens=32, ignore_eos=True, mode="ssd", k=3)
     assert off.token_ids == pinned.token_ids == ar_reference[6]
     # Off: about one token per round (probe rounds aside); pinned: every round offered 3 draft tokens.
