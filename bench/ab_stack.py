@@ -16,7 +16,9 @@ the draft round per batch and the hit rate.
 (`bench/results/round_cap_ab.jsonl`: the fan-out round cap, 8d63c2e against 52559b8, 2026-12-04;
 `bench/results/draft_dtype_ab.jsonl`: the draft in bfloat16 against float32, 2026-12-04;
 `bench/results/adaptive_margin_ab.jsonl`: the adaptive K's speculation margin, 018e455 against 130b8f2, all of
-`ssd bench`'s modes at batches 1-16, 2026-12-05.)
+`ssd bench`'s modes at batches 1-16, 2026-12-05;
+`bench/results/packed_weights_ab.jsonl`: packed weights off and on in one checkout, `SSD_PACKED_WEIGHTS=0` against
+unset, the same modes and batches, 2026-12-05.)
 """
 from __future__ import annotations
 

@@ -153,11 +153,16 @@ def wait_drained(handler: Handler, grace: float) -> int:
 def load_plain(cfg: WorkerConfig, folder: Path, role: str = "target"):
     """The model of `folder` on --device in --dtype (`resolve_dtype` for `role`; one process, no tensor
     parallelism)."""
+    from ssd.models.linear import packed
     from ssd.models.loader import load_model
 
     dtype = torch_dtype(cfg.dtype, cfg.device, role)
     log.info("%s weights in %s (--dtype %s) on %s", role, dtype, cfg.dtype, cfg.device)
-    return load_model(folder, dtype=dtype, device=cfg.device)
+    model = load_model(folder, dtype=dtype, device=cfg.device)
+    mats = model.linear_weights()
+    log.info("%s: %d of %d weight matrices packed for oneDNN (SSD_PACKED_WEIGHTS=0 turns packing off)", role,
+             sum(packed(w) is not None for w in mats), len(mats))
+    return model
 
 
 def native_bf16(device: str) -> bool:
