@@ -7,10 +7,10 @@ Contract
   that needs a gradient is always ``F.linear``).
 * **Packed weights** (`pack`, which `pack_model` applies to every matrix a loaded model multiplies on CPU): a copy of
   the weight laid out once, at load time, for oneDNN's inner-product kernel. ``F.linear`` on CPU lays the weight out
-  again on every call (MKL's sgemm packs the whole matrix for 2..16 rows; oneDNN's bfloat16 path reorders it), which
-  on SmolLM2-135M's matrices made a product of 3..16 rows cost 1.6-2x one of a single row in float32
-  (`bench/matmul.py`); with the packed copy 3..6 rows cost what one row costs (the weights are read from memory once
-  either way) and 16 rows ~2x. In bfloat16 the packed kernel is used for every row count (about half the time of
+  again on every call (MKL's sgemm packs the whole matrix for 2..16 rows; oneDNN's bfloat16 path reorders it): on
+  SmolLM2-135M's float32 matrices a product of 3-8 rows cost 1.5-2.2x one of a single row, 16 rows 3.1x, even in the
+  weight-major form below (`bench/matmul.py`). With the packed copy 3-6 rows cost what one row does (the weights are
+  read from memory once either way), 8 rows 1.3x, 16 rows 1.8x. In bfloat16 the packed kernel is used for every row count (about half the time of
   ``F.linear``'s, with the same values on the draft's matrices); in float32 for 3 rows or more, the weight-major form below
   being as fast for one or two. The copy costs the weight's memory again. Setting ``SSD_PACKED_WEIGHTS=0`` turns
   packing off (for a memory-tight host, or to compare).
