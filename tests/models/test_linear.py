@@ -43,15 +43,17 @@ def test_other_dtypes_fall_through():
     assert torch.equal(linear(x, w), F.linear(x, w))
 
 
-def test_gradients_match():
-    w = torch.randn(30, 10, requires_grad=True)
-    x = torch.randn(2, 10, requires_grad=True)
+def assert_gradients_match_f_linear(x, w):
     linear(x, w).square().sum().backward()
     gw, gx = w.grad.clone(), x.grad.clone()
     w.grad = x.grad = None
     F.linear(x, w).square().sum().backward()
     torch.testing.assert_close(gw, w.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gx, x.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_match():
+    assert_gradients_match_f_linear(torch.randn(2, 10, requires_grad=True), torch.randn(30, 10, requires_grad=True))
 
 
 # --- packed weights -------------------------------------------------------------------------------------------
@@ -118,12 +120,7 @@ def test_a_product_that_needs_a_gradient_does_not_use_the_packed_copy(packed_cal
     assert pack(w)
     w.requires_grad_(True)
     x = torch.randn(4, 10, requires_grad=True)
-    linear(x, w).square().sum().backward()
-    gw, gx = w.grad.clone(), x.grad.clone()
-    w.grad = x.grad = None
-    F.linear(x, w).square().sum().backward()
-    torch.testing.assert_close(gw, w.grad, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(gx, x.grad, rtol=1e-5, atol=1e-5)
+    assert_gradients_match_f_linear(x, w)
     assert packed_calls == []
     with torch.no_grad():
         linear(x, w)
