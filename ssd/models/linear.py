@@ -10,10 +10,10 @@ Contract
   again on every call (MKL's sgemm packs the whole matrix for 2..16 rows; oneDNN's bfloat16 path reorders it): on
   SmolLM2-135M's float32 matrices a product of 3-8 rows cost 1.5-2.2x one of a single row, 16 rows 3.1x, even in the
   weight-major form below (`bench/matmul.py`). With the packed copy 3-6 rows cost what one row does (the weights are
-  read from memory once either way), 8 rows 1.3x, 16 rows 1.8x. In bfloat16 the packed kernel is used for every row count (about half the time of
-  ``F.linear``'s, with the same values on the draft's matrices); in float32 for 3 rows or more, the weight-major form below
-  being as fast for one or two. The copy costs the weight's memory again. Setting ``SSD_PACKED_WEIGHTS=0`` turns
-  packing off (for a memory-tight host, or to compare).
+  read from memory once either way), 8 rows 1.3x, 16 rows 1.8x. In bfloat16 the packed kernel is used for every
+  row count (0.6-0.9x the time of ``F.linear``'s, with the same values on the draft's matrices); in float32 for 3
+  rows or more, the weight-major form below being as fast for one or two. The copy costs the weight's memory
+  again. Setting ``SSD_PACKED_WEIGHTS=0`` turns packing off (for a memory-tight host, or to compare).
 * A packed copy is used only while it matches its weight: the weight's storage and version counter are recorded
   when packing, so a weight replaced or changed in place (training) falls back to the unpacked path, never to a
   stale copy (a write through ``.data`` bypasses the version counter and is not seen: pack again after one). `pack`
