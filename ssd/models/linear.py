@@ -10,10 +10,12 @@ Contract
   again on every call (MKL's sgemm packs the whole matrix for 2..16 rows; oneDNN's bfloat16 path reorders it): on
   SmolLM2-135M's float32 matrices a product of 3-8 rows cost 1.5-2.2x one of a single row, 16 rows 3.1x, even in the
   weight-major form below (`bench/matmul.py`). With the packed copy 3-6 rows cost what one row does (the weights are
-  read from memory once either way), 8 rows 1.3x, 16 rows 1.8x. In bfloat16 the packed kernel is used for every
-  row count (0.6-0.9x the time of ``F.linear``'s, with the same values on the draft's matrices); in float32 for 3
-  rows or more, the weight-major form below being as fast for one or two. The copy costs the weight's memory
-  again. Setting ``SSD_PACKED_WEIGHTS=0`` turns packing off (for a memory-tight host, or to compare).
+  read from memory once either way), 8 rows 1.3x, 16 rows 1.8x. The packed kernel is used for every row count in
+  both dtypes: in bfloat16 it takes 0.6-0.9x the time of ``F.linear``'s, with the same values on the draft's
+  matrices; in float32 one or two rows took what the weight-major form below takes on the host these figures come from,
+  and 0.69x of it on an AMD Zen 5 host (16.0 against 23.1 ms over the target's matrices), where keeping the
+  weight-major form for them had made a batch-1 AR step cost more than a 4-row verify. The copy
+  costs the weight's memory again. Setting ``SSD_PACKED_WEIGHTS=0`` turns packing off (for a memory-tight host, or to compare).
 * A packed copy is used only while it matches its weight: the weight's storage and version counter are recorded
   when packing, so a weight replaced or changed in place (training) falls back to the unpacked path, never to a
   stale copy (a write through ``.data`` bypasses the version counter and is not seen: pack again after one). `pack`
@@ -40,7 +42,7 @@ import torch.nn.functional as F
 __all__ = ["linear", "pack", "pack_model", "packed", "packing_enabled", "unpacked_linear",
            "uses_weight_major"]
 
-PAIR_ROWS = 2       # at most this many rows: always weight-major (float32, unpacked or packed)
+PAIR_ROWS = 2       # at most this many rows: always weight-major (float32, unpacked)
 WIDE_ROWS = 8       # at most this many rows: weight-major when out_features >= in_features (unpacked)
 PACK_HINT_ROWS = 4  # the row count oneDNN lays the copy out for (its layout served 1..512 rows alike)
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
@@ -110,15 +112,11 @@ def uses_weight_major(rows: int, weight: torch.Tensor) -> bool:
     return 0 < rows and (rows <= PAIR_ROWS or (rows <= WIDE_ROWS and out_features >= in_features))
 
 
-def _uses_packed(rows: int, weight: torch.Tensor) -> bool:
-    return rows > PAIR_ROWS or weight.dtype != torch.float32
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     in_features = weight.shape[-1]
     rows = x.numel() // in_features if in_features else 0
     copy = packed(weight) if x.dtype == weight.dtype and rows else None
-    if (copy is not None and _uses_packed(rows, weight)
+    if (copy is not None
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                                   or (bias is not None and bias.requires_grad)))):
         out = _packed_product(x.reshape(rows, in_features), copy, bias)

@@ -92,9 +92,8 @@ def test_a_packed_weight_gives_f_linears_values_on_the_packed_path(rows, shape, 
         out = linear(x, w, bias)
         assert out.shape == (1, rows, shape[0]) and out.dtype == dtype
         torch.testing.assert_close(out, F.linear(x, w, bias), rtol=tol, atol=tol)
-    # float32: one or two rows stay weight-major (as fast there); bfloat16: packed at every row count
-    expect_packed = rows > 2 or dtype == torch.bfloat16
-    assert packed_calls == ([rows, rows] if expect_packed else [])
+    # packed at every row count, in both dtypes
+    assert packed_calls == [rows, rows]
 
 
 @needs_packing

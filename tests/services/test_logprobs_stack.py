@@ -54,11 +54,13 @@ def test_http_logprobs_equal_the_grpc_ones_in_openai_shape(stack, default_models
                                         extra_body={"ignore_eos": True, "speculation": {"mode": "ssd"}})
     content = chat.choices[0].logprobs.content
     assert [c.token for c in content] == [tok.decode([t]) for t in ref.token_ids]
-    assert [c.logprob for c in content] == pytest.approx([lp.logprob for lp in ref.logprobs], abs=1e-5)
+    # the two requests' rounds verify different numbers of positions, and a float32 product's summation order
+    # follows its row count: the same tolerance as against the teacher-forced target above
+    assert [c.logprob for c in content] == pytest.approx([lp.logprob for lp in ref.logprobs], abs=1e-4)
     assert [[a.token for a in c.top_logprobs] for c in content] == \
         [[tok.decode([a.token_id]) for a in lp.top] for lp in ref.logprobs]
     chunks = http.chat.completions.create(model=model, messages=MESSAGES, max_tokens=TOKENS, temperature=0,
                                           logprobs=True, stream=True, extra_body={"ignore_eos": True})
     streamed = [c.logprob for ch in chunks if ch.choices and ch.choices[0].logprobs
                 for c in ch.choices[0].logprobs.content]
-    assert streamed == pytest.approx([lp.logprob for lp in ref.logprobs], abs=1e-5)
+    assert streamed == pytest.approx([lp.logprob for lp in ref.logprobs], abs=1e-4)
