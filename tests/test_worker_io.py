@@ -51,3 +51,29 @@ def test_forget_peer_frees_only_that_routers_sequences():
     h = Handler(FakeWorker(), None)
     assert h.forget_peer(b"a") == 2 and list(h.worker.seqs) == [(b"b", 1)]
     assert h.forget_peer(b"zzz") == 0
+
+
+def test_a_queued_reply_and_a_stop_end_the_io_threads_poll_at_once(monkeypatch):
+    """`send` and `stop` wake the IO thread: with its idle poll made 60 s long, a reply queued while it sleeps still
+    reaches the peer, and `stop` still ends the thread (before, queued replies waited for the poll to end)."""
+    import ssd.worker.io as io
+
+    monkeypatch.setattr(io, "POLL_MS", 60_000)
+    endpoint = WorkerEndpoint("tcp://127.0.0.1:0", ready, "test")
+    address = endpoint.start()
+    ctx = zmq.Context()
+    peer = ctx.socket(zmq.DEALER)
+    peer.connect(address)
+    try:
+        peer.send_multipart(wire.encode(wire.Free([1])))
+        who, msg = endpoint.inbox.get(timeout=5)
+        assert msg == wire.Free([1])
+        time.sleep(0.3)   # the IO thread is back in its (60 s) poll
+        endpoint.send(who, wire.Free([2]))
+        assert peer.poll(10_000), "the queued reply did not leave while the IO thread slept in its poll"
+        assert wire.decode(peer.recv_multipart()) == wire.Free([2])
+    finally:
+        peer.close(0)
+        ctx.term()
+        endpoint.stop()
+    assert not endpoint._thread.is_alive()

@@ -6,8 +6,8 @@ worker's messages into the core, tick each peer's liveness (handshake, pings, de
 changed, then let the core admit and send what is ready (`RoundCore.step`). A peer (`services.router.peers`) is
 the worker handle the core sends its commands through.
 
-The loop sleeps in its poll until a worker's message, a submit or an abort (`Wake`, a pipe the intake writes to
-from the caller's thread) or the core's next timer (`RoundCore.next_timer`: a JIT linger ending), and at most
+The loop sleeps in its poll until a worker's message, a submit or an abort (`ssd.wake.Wake`, a pipe the intake
+writes to from the caller's thread) or the core's next timer (`RoundCore.next_timer`: a JIT linger ending), and at most
 `IDLE_POLL_MS`, for liveness, deadlines and discovery. It used to poll every millisecond while requests ran: ~10%
 of a core, on the draft's core under `ssd up --pin`.
 
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 
 import zmq
 
 from ssd.round import CoreConfig, RoundCore, StartupError, WorkerPool
+from ssd.wake import Wake
 from services.router.metrics import RouterMetrics
 from services.router.peers import Peer
 
@@ -33,34 +33,6 @@ log = logging.getLogger("ssd.router")
 __all__ = ["RouterLoop", "StartupError"]
 
 IDLE_POLL_MS = 20   # the longest the loop sleeps in its poll: liveness, request deadlines and discovery
-
-
-class Wake:
-    """A pipe whose read end the loop polls: `set()` from any thread ends the loop's current poll."""
-
-    def __init__(self):
-        self.fd, self._write = os.pipe()
-        os.set_blocking(self.fd, False)
-        os.set_blocking(self._write, False)
-
-    def set(self) -> None:
-        try:
-            os.write(self._write, b"\0")
-        except OSError:   # full (the loop is awake already), or closed (the loop has ended)
-            pass
-
-    def clear(self) -> None:
-        try:
-            while os.read(self.fd, 4096):
-                pass
-        except BlockingIOError:
-            pass
-
-    def close(self) -> None:
-        write, self._write = self._write, -1
-        if write >= 0:   # once: a number closed twice may by then be another file's
-            os.close(self.fd)
-            os.close(write)
 
 
 class RouterLoop:
