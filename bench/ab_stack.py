@@ -18,7 +18,9 @@ the draft round per batch and the hit rate.
 `bench/results/adaptive_margin_ab.jsonl`: the adaptive K's speculation margin, 018e455 against 130b8f2, all of
 `ssd bench`'s modes at batches 1-16, 2026-12-05;
 `bench/results/packed_weights_ab.jsonl`: packed weights off and on in one checkout, `SSD_PACKED_WEIGHTS=0` against
-unset, the same modes and batches, 2026-12-05.)
+unset, the same modes and batches, 2026-12-05;
+`bench/results/io_wake_ab.jsonl`: replies sent as soon as queued, 984d906 against 36b9826, batches 1 and 8,
+2026-12-05, on the new host.)
 """
 from __future__ import annotations
 
