@@ -99,3 +99,64 @@ def test_without_restart_a_child_exit_ends_supervision(default_models, tmp_path)
     with pytest.raises(GaveUp, match=r"did not become ready: draft0 \(pid \d+\) exited with exit code 2"):
         stack.start(timeout=120)
     assert all(p.poll() is not None for p in stack.procs.values())
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+CHILD = "import sys, time; from ssd.cli.parent import die_with_launcher; die_with_launcher(); time.sleep(60)"
+# a "launcher" that starts CHILD the way Stack._spawn does, prints its pid and ends at once
+LAUNCHER = ("import os, subprocess, sys; from ssd.cli.parent import DIE_WITH_PARENT_ENV; "
+            "p = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
+            "env=dict(os.environ, **{DIE_WITH_PARENT_ENV: str(os.getpid())})); print(p.pid, flush=True); "
+            "import time; time.sleep(1.0)")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+def test_a_child_ends_when_its_launcher_does_without_a_preexec_fn(monkeypatch, tmp_path):
+    """The child asks for SIGTERM at its launcher's death itself (`die_with_launcher`): `_spawn` passes no
+    `preexec_fn`, with which `Popen` must `fork()` and run gRPC's fork handlers (one hung a CI run), and a child
+    of a launcher that has ended is gone soon after."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", LAUNCHER, CHILD], capture_output=True, text=True, timeout=60,
+                         cwd=os.getcwd())
+    child = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), "the child outlived its launcher"
+
+    seen = {}
+
+    class Spy:
+        def __init__(self, cmd, **kw):
+            seen.update(kw)
+            self.pid = 1
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", Spy)
+    stack = Stack(StackConfig(mode="ar", log_dir=tmp_path))
+    stack._spawn("target", "target", 0, ["target"])
+    assert seen.get("preexec_fn") is None and seen["env"][launcher.DIE_WITH_PARENT_ENV] == str(os.getpid())
+
+
+def test_die_with_launcher_is_a_no_op_outside_a_launcher_and_ends_an_orphan(monkeypatch):
+    from ssd.cli import parent
+
+    monkeypatch.delenv(parent.DIE_WITH_PARENT_ENV, raising=False)
+    parent.die_with_launcher()   # not started by a launcher: nothing happens
+    monkeypatch.setenv(parent.DIE_WITH_PARENT_ENV, str(os.getppid() + 1))   # a launcher that is not our parent
+    try:
+        with pytest.raises(SystemExit, match="has ended"):
+            parent.die_with_launcher()
+    finally:
+        import ctypes
+        ctypes.CDLL("libc.so.6").prctl(1, 0)   # this test process asked for a parent-death signal: clear it
+    assert parent.DIE_WITH_PARENT_ENV not in os.environ

@@ -8,6 +8,7 @@ import os
 import sys
 
 from ssd.cli import bench, generate, keys, models, roles, up
+from ssd.cli.parent import die_with_launcher
 
 
 def version() -> str:
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_launcher()   # first: a child of `ssd up` or a test's Stack ends with it
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in roles.ROLES:

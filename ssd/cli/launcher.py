@@ -16,12 +16,15 @@ is restarted outside `start` and `supervise`: tests kill and restart workers by 
 Stopping: `request_stop()` only sets a flag (safe in a signal handler): `start` then raises `Stopped` and
 `supervise` returns. `stop()` sends SIGTERM to every child and SIGKILL to those left after a grace period.
 Children also get SIGTERM when the thread that started them ends (prctl PR_SET_PDEATHSIG), so a killed launcher
-leaves no orphans.
+leaves no orphans. The child asks for it itself (`die_with_launcher`, the first thing `ssd.cli` does, told the
+launcher's pid in DIE_WITH_PARENT_ENV), not a `preexec_fn`: with one, `Popen` has to `fork()` the launcher, which
+runs every library's fork handlers first, and gRPC's waited forever for a client channel's threads in a test
+process (a restart that hung a CI run in `fork`). Without one it uses `vfork`, which runs none.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -32,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ssd.cli.parent import DIE_WITH_PARENT_ENV
 from ssd.control import wait_serving
 from ssd.service_config import read_bound_file
 
@@ -48,9 +52,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def exit_reason(returncode: int) -> str:
@@ -149,8 +150,8 @@ class Stack:
         bound = self.bound_file(name)
         bound.unlink(missing_ok=True)  # what a previous run reported is no answer for this one
         cmd = [sys.executable, "-m", "ssd.cli", *args, *self.cfg.extra.get(role, []), "--bound-file", str(bound)]
-        self.procs[name] = p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                                preexec_fn=_die_with_parent)
+        env = dict(os.environ, **{DIE_WITH_PARENT_ENV: str(os.getpid())})
+        self.procs[name] = p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None, env=env)
         child = self._children.get(name)
         if child is None:
             self._children[name] = _Child(role, index, time.monotonic())
