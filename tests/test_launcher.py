@@ -13,6 +13,7 @@ from ssd.cli.launcher import GaveUp, Stack, StackConfig, exit_reason
 from ssd.client import Client
 from ssd.control import describe
 from ssd.service_config import bound_host_port, read_bound_file, write_bound_file
+from tests.procs import alive
 
 
 def test_bound_file_is_replaced_whole_and_missing_reads_as_none(tmp_path):
@@ -101,15 +102,6 @@ def test_without_restart_a_child_exit_ends_supervision(default_models, tmp_path)
     assert all(p.poll() is not None for p in stack.procs.values())
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie nobody reaped counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 CHILD = "import sys, time; from ssd.cli.parent import die_with_launcher; die_with_launcher(); time.sleep(60)"
 # a "launcher" that starts CHILD the way Stack._spawn does, prints its pid and ends at once
 LAUNCHER = ("import os, subprocess, sys; from ssd.cli.parent import DIE_WITH_PARENT_ENV; "
@@ -130,9 +122,9 @@ def test_a_child_ends_when_its_launcher_does_without_a_preexec_fn(monkeypatch, t
                          cwd=os.getcwd())
     child = int(out.stdout.split()[0])
     deadline = time.monotonic() + 20
-    while _alive(child) and time.monotonic() < deadline:
+    while alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(child), "the child outlived its launcher"
+    assert not alive(child), "the child outlived its launcher"
 
     seen = {}
 

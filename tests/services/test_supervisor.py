@@ -18,19 +18,11 @@ import pytest
 
 from ssd.client import Client, SSDError
 from ssd.control import describe
+from tests.procs import alive
 
 STARTED = re.compile(r"ssd up: started (\S+) \(pid (\d+)\)")
 BOUND = re.compile(r"ssd up: (\S+) \(pid (\d+)\) is on data (\S+), control (\S+)")
 READY = re.compile(r"^ready: gRPC (\S+),")
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 class Up:
