@@ -3,6 +3,8 @@ a worker on its addresses and gives up at the restart limit; bound files are wri
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -102,7 +104,7 @@ def test_without_restart_a_child_exit_ends_supervision(default_models, tmp_path)
     assert all(p.poll() is not None for p in stack.procs.values())
 
 
-CHILD = "import sys, time; from ssd.cli.parent import die_with_launcher; die_with_launcher(); time.sleep(60)"
+CHILD = "import time; from ssd.cli.parent import die_with_launcher; die_with_launcher(); time.sleep(60)"
 # a "launcher" that starts CHILD the way Stack._spawn does, prints its pid and ends at once
 LAUNCHER = ("import os, subprocess, sys; from ssd.cli.parent import DIE_WITH_PARENT_ENV; "
             "p = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
@@ -115,11 +117,7 @@ def test_a_child_ends_when_its_launcher_does_without_a_preexec_fn(monkeypatch, t
     """The child asks for SIGTERM at its launcher's death itself (`die_with_launcher`): `_spawn` passes no
     `preexec_fn`, with which `Popen` must `fork()` and run gRPC's fork handlers (one hung a CI run), and a child
     of a launcher that has ended is gone soon after."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", LAUNCHER, CHILD], capture_output=True, text=True, timeout=60,
-                         cwd=os.getcwd())
+    out = subprocess.run([sys.executable, "-c", LAUNCHER, CHILD], capture_output=True, text=True, timeout=60)
     child = int(out.stdout.split()[0])
     deadline = time.monotonic() + 20
     while alive(child) and time.monotonic() < deadline:

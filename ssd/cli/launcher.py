@@ -52,8 +52,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-
-
 def exit_reason(returncode: int) -> str:
     """'exit code 2' or 'signal SIGKILL' for a Popen returncode."""
     if returncode < 0:

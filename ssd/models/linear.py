@@ -12,10 +12,10 @@ Contract
   weight-major form below (`bench/matmul.py`). With the packed copy 3-6 rows cost what one row does (the weights are
   read from memory once either way), 8 rows 1.3x, 16 rows 1.8x. The packed kernel is used for every row count in
   both dtypes: in bfloat16 it takes 0.6-0.9x the time of ``F.linear``'s, with the same values on the draft's
-  matrices; in float32 one or two rows took what the weight-major form below takes on the host these figures come from,
-  and 0.69x of it on an AMD Zen 5 host (16.0 against 23.1 ms over the target's matrices), where keeping the
-  weight-major form for them had made a batch-1 AR step cost more than a 4-row verify. The copy
-  costs the weight's memory again. Setting ``SSD_PACKED_WEIGHTS=0`` turns packing off (for a memory-tight host, or to compare).
+  matrices; in float32 one or two rows took what the weight-major form below takes on the host these figures come
+  from, and 0.69x of it on an AMD Zen 5 host (16.0 against 23.1 ms over the target's matrices), where keeping the
+  weight-major form for them had made a batch-1 AR step cost more than a 4-row verify. The copy costs the weight's
+  memory again. Setting ``SSD_PACKED_WEIGHTS=0`` turns packing off (for a memory-tight host, or to compare).
 * A packed copy is used only while it matches its weight: the weight's storage and version counter are recorded
   when packing, so a weight replaced or changed in place (training) falls back to the unpacked path, never to a
   stale copy (a write through ``.data`` bypasses the version counter and is not seen: pack again after one). `pack`

@@ -117,7 +117,8 @@ class WorkerEndpoint:
             while not self._stop.is_set():
                 self._reap()
                 ready = dict(poller.poll(POLL_MS))
-                self._wake.clear()   # before the outbox is read: a reply queued after this wakes the next poll
+                if self._wake.fd in ready:   # cleared before the outbox is read: a later reply wakes the next poll
+                    self._wake.clear()
                 if sock in ready:
                     while True:
                         try:
