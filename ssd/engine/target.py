@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from ssd.constraints import Matcher
 from ssd.models.blocks import PrefixStats
@@ -274,8 +273,7 @@ class TargetWorker:
             if len(s.tokens) + len(it.tokens) > self.max_len:
                 raise ValueError(f"sequence {it.seq}: speculation runs past the maximum length {self.max_len}")
         hidden, blocks = self._run([(s, list(it.tokens)) for it, s in zip(items, seqs)], features=features)
-        logits = self.model.logits(pad_sequence(hidden, batch_first=True))  # [B, Kmax+1, V]
-        outcomes = self._outcomes(items, seqs, logits)
+        outcomes = self._outcomes(items, seqs, self._row_logits(hidden))
         # each block through the last accepted token
         self.last_features = {out.seq: FeatureBlock(blk.start, blk.rows[:len(s.tokens) + out.accepted - blk.start])
                               for out, s, blk in zip(outcomes, seqs, blocks)}
@@ -289,6 +287,13 @@ class TargetWorker:
         self.last_verify_s = time.perf_counter() - t0
         return outcomes
 
+    def _row_logits(self, hidden: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each sequence's logits, [its rows, V]: views of one output-layer product over the real rows of all.
+        Never a batch padded to its longest row: in a verify of one sequence at K = 3 among fifteen at K = 0 the
+        padded product computed 64 rows for 19 real ones, and its [16, 4, V] result cost a 12 MB fill on top."""
+        flat = self.model.logits(torch.cat(hidden))
+        return list(flat.split([h.shape[0] for h in hidden]))
+
     @staticmethod
     def _penalize(s: _TargetSeq, logits: torch.Tensor, drafted: list[int]) -> torch.Tensor:
         """The sequence's penalties and biases on the logits of the positions after its tokens and each prefix of
@@ -296,8 +301,9 @@ class TargetWorker:
         are what `min_tokens` masks."""
         return penalize(logits, s.params, s.tokens, s.prompt_len, s.params.stop_token_ids, drafted)
 
-    def _outcomes(self, items, seqs, logits) -> list[Outcome]:
-        raw = {b: logits[b, :len(it.tokens) + 1] for b, (it, s) in enumerate(zip(items, seqs))
+    def _outcomes(self, items, seqs, logits: list[torch.Tensor]) -> list[Outcome]:
+        """`logits[b]`: sequence b's rows, [K + 1, V] (its last committed token's and each drafted one's)."""
+        raw = {b: logits[b] for b, s in enumerate(seqs)
                if s.params.logprobs is not None}   # logprobs are of the raw logits: kept apart from the penalties
         outcomes = self._decide(items, seqs, logits)
         self.last_logprobs = {}
@@ -307,16 +313,16 @@ class TargetWorker:
                                                          seqs[b].params.logprobs)
         return outcomes
 
-    def _decide(self, items, seqs, logits) -> list[Outcome]:
+    def _decide(self, items, seqs, logits: list[torch.Tensor]) -> list[Outcome]:
         if any(s.params.penalized or s.matcher for s in seqs):
-            logits = logits.float().clone()
+            logits = [rows.float().clone() if s.params.penalized or s.matcher else rows
+                      for rows, s in zip(logits, seqs)]
             for b, (it, s) in enumerate(zip(items, seqs)):
-                K = len(it.tokens)
                 if s.params.penalized:
-                    logits[b, :K + 1] = self._penalize(s, logits[b, :K + 1], list(it.tokens))
+                    logits[b] = self._penalize(s, logits[b], list(it.tokens))
                 if s.matcher:
-                    logits[b, :K + 1] = constrain(logits[b, :K + 1], s.matcher.masks(list(it.tokens)))
-        B, W = logits.shape[:2]
+                    logits[b] = constrain(logits[b], s.matcher.masks(list(it.tokens)))
+        B, W = len(logits), max(len(it.tokens) for it in items) + 1
         outcomes: list[Outcome | None] = [None] * B
         # greedy and coupled rows: accept while the drafted token is the target's own pick (the argmax, or the
         # position-keyed Gumbel-max token of the distribution), then emit the target's pick
@@ -325,22 +331,23 @@ class TargetWorker:
             rows = [list(items[b].tokens) for b in greedy]
             draft = torch.tensor([r + [0] * (W - 1 - len(r)) for r in rows], dtype=torch.long).view(len(rows), W - 1)
             lengths = torch.tensor([len(r) for r in rows])
-            picked = logits if len(greedy) == B else logits[torch.tensor(greedy, device=logits.device)]
-            picks = picked.argmax(-1).cpu()
+            argmax = torch.cat([logits[b] for b in greedy]).argmax(-1).cpu().split([len(r) + 1 for r in rows])
+            picks = torch.zeros(len(greedy), W, dtype=torch.long)
             for r, b in enumerate(greedy):
                 s, K = seqs[b], len(items[b].tokens)
                 if s.params.coupled:
-                    p = probs_from_logits(logits[b, :K + 1], s.params)
+                    p = probs_from_logits(logits[b], s.params)
                     picks[r, :K + 1] = torch.tensor(coupled_tokens(p, s.params.seed, range(len(s.tokens),
                                                                                           len(s.tokens) + K + 1)))
+                else:
+                    picks[r, :K + 1] = argmax[r]
             j, t = verify_greedy_batch(draft, picks, lengths)
             for r, b in enumerate(greedy):
                 outcomes[b] = Outcome(items[b].seq, int(j[r]), int(t[r]))
         for b, (it, s) in enumerate(zip(items, seqs)):
             if outcomes[b] is not None:
                 continue
-            K = len(it.tokens)
-            p = probs_from_logits(logits[b, :K + 1], s.params)
+            p = probs_from_logits(logits[b], s.params)
             q = it.proposal if it.proposal is not None else [([tok], [1.0]) for tok in it.tokens]
             q = [(torch.tensor(ids, dtype=torch.long), torch.tensor(ps, dtype=torch.float32)) for ids, ps in q]
             j, t = verify_sampling(torch.tensor(it.tokens, dtype=torch.long), p.cpu(), q, s.generator)

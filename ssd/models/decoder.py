@@ -75,6 +75,13 @@ def _param(*shape) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape))
 
 
+def padded(rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[N, F] rows laid out as [B, T, F] where `valid` [B, T] is True (N of them), zeros elsewhere."""
+    out = rows.new_zeros(*valid.shape, rows.shape[-1])
+    out[valid] = rows
+    return out
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None):
         super().__init__()
@@ -91,16 +98,20 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, index: PagedIndex, layer: int):
-        B, T, _ = x.shape
+        """`x`: [B, T, hidden], or [N, hidden] for a ragged batch (its real tokens, laid out by `batch.valid`)."""
+        ragged = x.dim() == 2
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
+        if ragged:
+            qkv = padded(qkv, batch.valid)
+        B, T, _ = qkv.shape
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         q, k, v = q.view(B, T, self.h, self.d), k.view(B, T, self.hkv, self.d), v.view(B, T, self.hkv, self.d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         cache.write(layer, index, k, v, batch.valid)
-        out = paged_attention(q, batch, cache, index, layer)
-        out = linear(out.reshape(B, T, self.q_size), self.o_weight)
+        out = paged_attention(q, batch, cache, index, layer).reshape(B, T, self.q_size)
+        out = linear(out[batch.valid] if ragged else out, self.o_weight)
         out = self.tp.all_reduce(out) if self.tp is not None else out
         return out if self.o_bias is None else out + self.o_bias
 
@@ -172,14 +183,24 @@ class Decoder(nn.Module):
                 features: bool = False):
         """Final-normed hidden states [B, T, hidden] for every token of the batch; with `features`, also the
         pre-norm hidden states (what a feature-reading draft reads). `index` (where to write and read) is
-        computed from the batch unless given (a CUDA graph replays one it keeps)."""
+        computed from the batch unless given (a CUDA graph replays one it keeps).
+
+        A ragged batch (`batch.valid` set: rows of different lengths, right-padded) runs its matrices on its real
+        tokens only, [N, hidden]; only attention sees the padded layout. Padded, a verify of one sequence at K = 3
+        among fifteen at K = 0 multiplied 64 rows for 19 real ones and took 2.1x the 16-row verify (95 against 45
+        ms on the default target, one core). Padding positions come back as zeros."""
         x = self.embed_inputs(batch)
+        if batch.valid is not None:
+            x = x[batch.valid]
         cos, sin = self.rope(cache.num_columns).lookup(batch.positions)
         if index is None:
             index = self.paged_index(batch, cache)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, batch, cache, index, i)
-        return (self.norm(x), x) if features else self.norm(x)
+        h = self.norm(x)
+        if batch.valid is not None:
+            h, x = padded(h, batch.valid), padded(x, batch.valid)
+        return (h, x) if features else h
 
     @staticmethod
     def paged_index(batch: ForwardBatch, cache: KVCache) -> PagedIndex:
