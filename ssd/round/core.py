@@ -74,8 +74,13 @@ class RoundCore:
         k = self.pool.k
         self.timings = BackupTimings(k=max(1, k))
         self.planner = SpeculationPlanner(k, self.cfg.adaptive, self.cfg.adaptive_fanout, self.cfg.probe_every,
-                                          self.timings, self.metrics, self.clock)
+                                          self.timings, self.metrics, self.clock,
+                                          lambda batch, mode, me=weakref.proxy(self): me._batch_seqs(batch, mode))
         self.members.report_drafts_alive()
+
+    def _batch_seqs(self, batch: int, mode: str) -> list[int]:
+        """The active sequences of `mode` whose round verify batch `batch` holds (or answered)."""
+        return [r.seq for r in self.active.values() if r.mode == mode and r.round.verify_batch == batch]
 
     @property
     def k(self) -> int:

@@ -3,10 +3,15 @@ for (per replica). Both learn from what rounds measure. No torch, no sockets.
 
 K: a request that pins K always gets it; otherwise the adaptive policy's choice for the current batch size
 (`ssd.spec.adaptive`), with a probe round now and then while it is 0 and an explore round at a neighbouring K.
-Probes and explore rounds are decided once per verify batch and mode, and every sequence of that mode the batch
-answered runs the K decided for it: sequences deciding on counters of their own ran different K within one
-batch, and the target then verified it as more than one forward (the ones at K = 0 at once, the others after
-their JITs), every round. At batch 16 the policy's K = 0 rounds took 1.5x the model's time that way.
+Probes and explore rounds are decided once per verify batch and mode: sequences deciding on counters of their own
+ran different K within one batch, and the target then verified it as more than one forward (the ones at K = 0 at
+once, the others after their JITs), every round. At batch 16 the policy's K = 0 rounds took 1.5x the model's time
+that way. An explore round holds every sequence of that mode the batch answered at the K decided for it. A probe
+holds only `PROBE_SEQUENCES` of them (in turn), the rest stay at K = 0: the batch still goes as one forward (the
+target lingers for the probe's JIT, ssd/round/batches.py), and a probe costs one JIT and K more positions at any
+batch size. Probing the whole batch cost a whole batch's JITs and a K-times larger verify: at batch 16 three
+probes in 128 rounds took 3% of the run, all of adaptive SSD's gap to plain decoding there. Rounds of such a
+mixed batch are not timed for the policy's realized-time correction: the model has no term for a batch of two K.
 Fan-out: the split by the acceptance measured at each position, the total by the draft's round time against the
 target's verify time and by its lateness (`ssd.spec.fanout.FanoutPolicy`).
 """
@@ -23,11 +28,16 @@ from ssd.spec.fanout import FIRST_WINDOW, FanoutPolicy
 
 log = logging.getLogger("ssd.round")
 
+PROBE_SEQUENCES = 1   # sequences of a verify batch that run a probe round (the others stay at K = 0)
+
 
 class SpeculationPlanner:
     def __init__(self, k: int, adaptive: bool, adaptive_fanout: bool, probe_every: int, timings: BackupTimings,
-                 metrics, clock: Callable[[], float]):
+                 metrics, clock: Callable[[], float], batch_seqs: Callable[[int, str], list[int]] | None = None):
+        """`batch_seqs(batch, mode)`: the sequences of `mode` the verify batch `batch` holds (those a probe picks
+        from)."""
         self.k = k   # the draft pool's K: the most any round drafts
+        self.batch_seqs = batch_seqs or (lambda batch, mode: [])
         self.metrics, self.clock = metrics, clock
         self.adaptive: dict[str, AdaptiveK] = {}
         self.choice: dict[str, int] = {}
@@ -48,14 +58,17 @@ class SpeculationPlanner:
         # batch), and the last decision (the verify batch it was for, the K its sequences run next)
         self.since_probe: dict[str, int] = {m: 0 for m in self.adaptive}
         self.since_explore: dict[str, int] = {m: 0 for m in self.adaptive}
-        self._decided: dict[str, tuple[int, int]] = {}
+        self._decided: dict[str, tuple[int, int, frozenset | None]] = {}   # (batch, K, the probing sequences)
+        self._probe_turn: dict[str, int] = {m: 0 for m in self.adaptive}
         # per target: the spans (start, end) of its recent prefills and restores, by the router's clock
         self._target_busy: dict[object, deque] = {}
 
     # ---- K ----------------------------------------------------------------------------------------
     def plan_k(self, req) -> int:
         """Draft tokens for the sequence's next round: the same for every sequence of one mode whose round the same
-        verify batch answered (a sequence just prefilled runs the choice itself)."""
+        verify batch answered, but a probe's (a sequence just prefilled runs the choice itself). Marks the round
+        `mixed` when its batch's sequences run different K."""
+        req.round.mixed = False
         if req.mode == "ar":
             return 0
         if req.pinned_k or req.mode not in self.adaptive:
@@ -65,25 +78,38 @@ class SpeculationPlanner:
             return self.choice.get(req.mode, self.k)
         decided = self._decided.get(req.mode)
         if decided is None or decided[0] != batch:
-            decided = self._decided[req.mode] = (batch, self._decide(req.mode))
-        return decided[1]
+            decided = self._decided[req.mode] = (batch, *self._decide(req.mode, batch))
+        _, k, probing = decided
+        if probing is None:
+            return k
+        req.round.mixed = True
+        return k if req.seq in probing else 0
 
-    def _decide(self, mode: str) -> int:
+    def _decide(self, mode: str, batch: int) -> tuple[int, frozenset | None]:
         """The K for the next round of one verify batch's sequences of `mode`: the choice, or a probe or an explore
-        round when one is due."""
+        round when one is due; and for a probe by part of the batch, the sequences that run it."""
         k, policy = self.choice.get(mode, self.k), self.adaptive[mode]
         if k == 0:
             self.since_probe[mode] += 1
             if policy.probe(self.since_probe[mode]):
                 self.since_probe[mode] = 0
-                return self.k
-            return 0
+                return self.k, self._probers(mode, batch)
+            return 0, None
         self.since_explore[mode] += 1
         other = policy.explore(self.since_explore[mode], k)
         if other is not None:
             self.since_explore[mode] = 0
-            return other
-        return k
+            return other, None
+        return k, None
+
+    def _probers(self, mode: str, batch: int) -> frozenset | None:
+        """`PROBE_SEQUENCES` of the batch's sequences, in turn over probes (None: the batch has no more)."""
+        seqs = sorted(self.batch_seqs(batch, mode))
+        if len(seqs) <= PROBE_SEQUENCES:
+            return None
+        turn = self._probe_turn[mode]
+        self._probe_turn[mode] = turn + PROBE_SEQUENCES
+        return frozenset(seqs[(turn + i) % len(seqs)] for i in range(PROBE_SEQUENCES))
 
     def drafts_next_round(self, req) -> bool:
         """Whether the draft speculates during this round's verify (ssd, and K may be above 0 next round)."""
@@ -120,8 +146,8 @@ class SpeculationPlanner:
         came before this round's outcome, and its span is known here. Left in, those waits fell on whichever K
         class the policy was running when requests arrived (at batch 4, K = 0 rounds read 1.12-1.17x the model
         and K > 0 ones 1.01-1.05x in one run), and the correction then favoured speculating where it did not
-        pay."""
-        if req.mode not in self.adaptive:
+        pay. Nor a round of a mixed batch (a probe by part of it): the model's time is for one K."""
+        if req.mode not in self.adaptive or req.round.mixed:
             return
         for s, e in reversed(self._target_busy.get(req.target, ())):   # newest first: ends only fall
             if e <= start:

@@ -30,6 +30,7 @@ class RoundState:
     drafted: bool = False          # a DraftRound went out with this round (so a cache miss is informative)
     fanout: list[int] | None = None   # the fan-out that DraftRound asked for (None: the draft's own)
     verify_batch: int = 0          # the verify batch holding this round: only its outcome counts
+    mixed: bool = False            # its verify batch ran more than one K (a probe by part of the batch)
     jit_batch: int = 0             # the JIT batch that asked for this round's tokens: only its answer counts
 
 

@@ -460,10 +460,32 @@ def test_the_adaptive_k_is_exported_from_the_start_not_only_once_it_changes():
         pinned.core.shutdown("the test is over")
 
 
-def test_a_batch_probes_together_while_speculation_is_off():
-    """Adaptive K = 0 (sd): the probe round is decided once per verify batch, so every sequence of the batch probes
-    in the same round (one JIT batch, one Verify at K = k max) and the interval counts the batch's rounds, doubling
-    after each probe. Sequences on counters of their own ran different K in one batch, split into groups."""
+def run_probe_rounds(rig, reqs, rounds: int) -> list[dict[int, int]]:
+    """`rounds` rounds of `reqs`, each one Verify holding them all (asserted), sent only once the JIT of the
+    sequences that need one is answered; returns each round's K by sequence."""
+    out = []
+    for _ in range(rounds):
+        rig.core.dispatch()
+        jits = rig.take(wire.Jit)
+        if jits:
+            (jit,) = jits
+            assert not rig.take(wire.Verify), "the verify went before the batch's JIT was answered"
+            rig.core.on_message(rig.drafts[0], wire.JitResult(jit.batch_id, [(it.seq, [11, 12, 13][:it.room], None)
+                                                                             for it in jit.items], 0.005))
+            rig.core.dispatch()
+        (verify,) = rig.take(wire.Verify)
+        assert sorted(it.seq for it in verify.items) == sorted(r.seq for r in reqs)
+        out.append({it.seq: len(it.tokens) for it in verify.items})
+        answer(rig, verify)
+    return out
+
+
+def test_a_probe_is_run_by_one_sequence_of_the_batch_in_turn_and_the_batch_stays_one_verify():
+    """Adaptive K = 0 (sd): a probe round is decided once per verify batch and run by one of its sequences, a
+    different one at each probe, the others staying at K = 0; the target verifies them all in one forward, after
+    the prober's JIT. The interval counts the batch's rounds and doubles after each probe, and the rounds of a
+    probe's batch are not timed for the realized-time correction. (The whole batch used to probe: at batch 16 a
+    probe cost 16 JITs and a 4x larger verify.)"""
     rig = make_sd_rig("sd", adaptive=True)
     core = rig.core
     try:
@@ -471,11 +493,35 @@ def test_a_batch_probes_together_while_speculation_is_off():
         core.planner.adapt = lambda batch: None            # the choice stays where the test put it
         policy = core.planner.adaptive["sd"]
         policy.probe_every = policy.probe_interval = 3
+        timed = []
+        policy.observe_round_time = lambda batch, k, seconds: timed.append(k)
         reqs = sd_admit_together(rig, 4)
-        ks = run_rounds(rig, reqs, 12)
+        rounds = run_probe_rounds(rig, reqs, 12)
+        probers = [[s for s, k in r.items() if k] for r in rounds]
         # the prefill's round runs the choice; a probe at the third decision, then the sixth (interval 3, 6, 12)
-        assert ks == [0, 0, 0, core.k, 0, 0, 0, 0, 0, core.k, 0, 0]
+        assert [len(p) for p in probers] == [0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0]
+        assert rounds[3][probers[3][0]] == rounds[9][probers[9][0]] == core.k
+        assert probers[3] != probers[9]                    # in turn
         assert policy.probe_interval == 12
+        assert len(timed) == 4 * 10 and set(timed) == {0}  # the two probe rounds' batches not timed
+    finally:
+        core.shutdown("the test is over")
+
+
+def test_a_probe_of_a_lone_sequence_is_the_whole_batch():
+    """One sequence in the batch: it probes at K max, and its round is timed like any (the batch ran one K)."""
+    rig = make_sd_rig("sd", adaptive=True)
+    core = rig.core
+    try:
+        core.planner.choice["sd"] = 0
+        core.planner.adapt = lambda batch: None
+        policy = core.planner.adaptive["sd"]
+        policy.probe_every = policy.probe_interval = 2
+        timed = []
+        policy.observe_round_time = lambda batch, k, seconds: timed.append(k)
+        reqs = sd_admit_together(rig, 1)
+        assert [r[reqs[0].seq] for r in run_probe_rounds(rig, reqs, 4)] == [0, 0, core.k, 0]
+        assert timed == [0, 0, core.k, 0]
     finally:
         core.shutdown("the test is over")
 
