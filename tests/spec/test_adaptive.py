@@ -218,6 +218,27 @@ def test_rounds_slower_than_the_model_turn_speculation_down_at_their_batch_size_
     assert "batch 8+ K>0" in a.summary(8)["realized"]
 
 
+def test_a_kind_of_round_not_yet_timed_at_a_batch_size_takes_the_other_kinds_correction_there():
+    """Plain rounds at batch 14 timed at 1.15x the model, speculative ones never timed there: the 1.15 applies to
+    both, so K = 1 is not chosen on the strength of a correction only plain decoding had. Timed, each kind keeps
+    its own."""
+    a = AdaptiveK(3, "ssd", explore_every=0)
+    timings(a, verify_c0=0.04, verify_c1=0.0015, draft_step=0.0025)
+    feed(a, [0.48, 0.5, 0.5])   # the model alone: K = 1 3% faster than plain, within the margin
+    a.hit = 0.5
+    for _ in range(200):
+        a.observe_round_time(14, 0, 1.15 * a.model_seconds(14, 0))
+    assert a.round_seconds(14, 1) == pytest.approx(1.15 * a.model_seconds(14, 1), rel=0.01)
+    assert a.round_seconds(1, 1) == a.model_seconds(1, 1)   # another bucket: untouched
+    # with plain's correction on plain rounds only, K = 1 would be more than the margin faster: chosen
+    uncorrected_k1 = 14 * a.expected_tokens(1) / a.model_seconds(14, 1)
+    assert uncorrected_k1 > (1 + a.margin) * a.throughput(14, 0)
+    assert a.choose(14, 0) == 0
+    for _ in range(200):
+        a.observe_round_time(14, 1, 0.9 * a.model_seconds(14, 1))
+    assert a.round_seconds(14, 1) == pytest.approx(0.9 * a.model_seconds(14, 1), rel=0.01)
+
+
 def test_a_round_time_counts_within_bounds_and_bad_ones_not_at_all():
     a = AdaptiveK(3, "ssd", realized_decay=0.5)
     a.observe_round_time(1, 2, 100 * a.model_seconds(1, 2))   # a stall: counted as 3x, not 100x
