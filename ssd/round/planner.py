@@ -69,6 +69,8 @@ class SpeculationPlanner:
         verify batch answered, but a probe's (a sequence just prefilled runs the choice itself). Marks the round
         `mixed` when its batch's sequences run different K."""
         req.round.mixed = False
+        req.round.cached = req.mode == "ssd" and (bool(req.pinned_k) or req.mode not in self.adaptive
+                                                  or self.adaptive[req.mode].cached)
         if req.mode == "ar":
             return 0
         if req.pinned_k or req.mode not in self.adaptive:
@@ -112,25 +114,31 @@ class SpeculationPlanner:
         return frozenset(seqs[(turn + i) % len(seqs)] for i in range(PROBE_SEQUENCES))
 
     def drafts_next_round(self, req) -> bool:
-        """Whether the draft speculates during this round's verify (ssd, and K may be above 0 next round)."""
-        return req.mode == "ssd" and (req.round.k > 0 or self.choice.get("ssd", self.k) > 0)
+        """Whether the draft speculates during this round's verify (ssd, K may be above 0 next round, and the
+        adaptive policy has not chosen to draft by JIT only)."""
+        if req.mode != "ssd" or not (req.round.k > 0 or self.choice.get("ssd", self.k) > 0):
+            return False
+        return bool(req.pinned_k) or "ssd" not in self.adaptive or self.adaptive["ssd"].cached
 
     def adapt(self, batch: int) -> None:
         """The adaptive choice per mode for the current batch size (logged and exported when it changes)."""
         for mode, a in self.adaptive.items():
+            was = (self.choice.get(mode), a.cached)
             k = a.choose(batch, self.choice.get(mode))
-            if k != self.choice.get(mode):
+            if (k, a.cached) != was:
                 now = self.clock()
                 level = logging.INFO if now - self._logged_at > 10.0 else logging.DEBUG  # at most one line in 10 s
                 self._logged_at = now if level == logging.INFO else self._logged_at
-                log.log(level, "adaptive speculation (%s, batch %d): K %s -> %d %s", mode, batch,
-                        self.choice.get(mode), k, a.summary(batch))
+                how = "" if mode != "ssd" or k == 0 else " from the cache" if a.cached else " by JIT only"
+                log.log(level, "adaptive speculation (%s, batch %d): K %s -> %d%s %s", mode, batch,
+                        was[0], k, how, a.summary(batch))
+            if k != self.choice.get(mode):
                 self.choice[mode] = k
                 self.metrics.set_speculation_k(mode, k)
 
     def observe_round(self, req, offered: int, accepted: int) -> None:
         if req.round.source in ("cache", "jit") and req.mode in self.adaptive:
-            self.adaptive[req.mode].observe_round(offered, accepted)
+            self.adaptive[req.mode].observe_round(offered, accepted, req.round.source)
 
     def observe_target_busy(self, target, start: float, end: float) -> None:
         """`target` computed a prefill (or a restore) from `start` to `end` (its reply's arrival less its compute;
@@ -154,7 +162,7 @@ class SpeculationPlanner:
                 break
             if s < end:
                 return
-        self.adaptive[req.mode].observe_round_time(batch, req.round.k, end - start)
+        self.adaptive[req.mode].observe_round_time(batch, req.round.k, end - start, req.round.cached)
 
     def observe_jit(self, roundtrip: float, compute: float) -> None:
         for policy in self.adaptive.values():

@@ -31,6 +31,7 @@ class RoundState:
     fanout: list[int] | None = None   # the fan-out that DraftRound asked for (None: the draft's own)
     verify_batch: int = 0          # the verify batch holding this round: only its outcome counts
     mixed: bool = False            # its verify batch ran more than one K (a probe by part of the batch)
+    cached: bool = False           # ssd: the round's class speculates into the cache (else JIT only, as sd)
     jit_batch: int = 0             # the JIT batch that asked for this round's tokens: only its answer counts
 
 

@@ -3,9 +3,13 @@
 Contract
 --------
 * ``AdaptiveK(k_max, mode)`` folds in measurements as they arrive:
-  - ``observe_round(offered, accepted)``: one verification of ``offered`` draft tokens (from the draft:
+  - ``observe_round(offered, accepted, source)``: one verification of ``offered`` draft tokens (from the draft:
     cache entries or JIT, not n-gram) of which the first ``accepted`` were accepted. Kept per position as
-    the conditional acceptance ``a_i = P(token i accepted | tokens 1..i-1 accepted)``, an EMA with a prior.
+    the conditional acceptance ``a_i = P(token i accepted | tokens 1..i-1 accepted)``, an EMA with a prior:
+    over all rounds, and per source ("cache", "jit") once that source has been seen. In ssd mode the two differ:
+    a JIT drafts for a miss, an outcome the speculation did not foresee, and accepted less than a cache entry in
+    one run at batch 4-8 (first position 0.45-0.49 against 0.52-0.55). By JIT only every round is a JIT round,
+    misses or not: that choice is weighed with the acceptance over all rounds.
   - ``observe_verify(tokens, seconds, overhead)``: one verify batch of ``tokens`` positions (sum over its
     sequences of drafted + 1), the target's compute for it and what the round trip took beyond that, kept in a
     ``CostTable``: the measured mean at each
@@ -16,28 +20,35 @@ Contract
   - ``observe_jit(roundtrip, compute)``: one JIT as the router saw it; what the round trip took beyond the
     draft's compute (the hop: ZeroMQ, the draft's queue) is kept as a mean.
   - ``observe_lookup(hit)``: whether a speculation-cache lookup hit (ssd mode).
-  - ``observe_round_time(batch, k, seconds)``: one sequence's round as it lived it (its previous outcome to this
-    one) at K = k in a batch of ``batch``. Its ratio to the model's ``T(k)`` below is kept as a decayed mean per
-    class (K = 0 or K > 0) and batch-size bucket (1, 2-3, 4-7, 8-15, ...), clamped to [0.5, 3], and multiplies
+  - ``observe_round_time(batch, k, seconds, cached)``: one sequence's round as it lived it (its previous outcome to
+    this one) at K = k in a batch of ``batch``. Its ratio to the model's ``T(k)`` below is kept as a decayed mean per
+    class (K = 0, K > 0 from the cache, K > 0 by JIT only) and batch-size bucket (1, 2-3, 4-7, 8-15, ...), clamped
+    to [0.5, 3], and multiplies
     the model's prediction for that class and bucket: the model holds the verify, the draft and the hop, not the
     waits a real round has on top (a verify held for its batch's JITs, sequences out of step); in one run at batch
     8 on the default pair SD rounds took 0.34 s where the model said 0.29, and speculation stayed on where plain
     decoding was 1.2x faster (another run measured 1.01 there). Per bucket, so what batch 8 taught does not turn
-    speculation off at batch 1. A class not yet timed in a bucket takes the other class's correction there, not
-    none: most of what the model misses (the router's work on a round, the waits) falls on both. Left at 1, plain
+    speculation off at batch 1. A class not yet timed in a bucket takes another class's correction there (JIT only
+    and plain first each other's, the cache's last: its rounds also hold the draft's work beside the target's), not
+    none: most of what the model misses (the router's work on a round, the waits) falls on all. Left at 1, plain
     rounds timed at 1.14x at batch 14 made an untimed K = 1 look 13% faster, and speculation went on where it ran
     below plain decoding.
 * ``choose(batch)`` returns the K in ``0..k_max`` that maximises the predicted tokens per second of a batch of
-  ``batch`` sequences (Theorem 7 with measured terms):
+  ``batch`` sequences (Theorem 7 with measured terms), and in ssd mode whether its rounds speculate into the cache
+  (``cached``) or draft only by JIT, as sd does:
 
-      E(K) = 1 + a_1 + a_1 a_2 + ... + a_1...a_K                 (tokens per sequence per round)
+      E(K) = 1 + a_1 + a_1 a_2 + ... + a_1...a_K                 (tokens per sequence per round, over all rounds;
+             in ssd mode from the cache h E_cache(K) + (1 - h) E_jit(K), each from its own source's rounds)
       T(K) = c(batch, K) (t_v(batch (K + 1)) + D(K))              (seconds per round; c: realized / model)
-      D(K) = hop + K t_d(batch)                        in sd mode (a JIT draft before every verify)
-           = (1 - h^batch) (hop + K t_d(batch (1 - h)))   in ssd mode (h = hit rate)
+      D(K) = hop + K t_d(batch)                        in sd mode, and ssd mode by JIT only (a JIT before every verify)
+           = (1 - h^batch) (hop + K t_d(batch (1 - h)))   in ssd mode from the cache (h = hit rate)
 
-  In ssd mode only a cache miss needs a JIT draft, but a verify batch waits for its sequences' JITs (the
+  From the cache only a miss needs a JIT draft, but a verify batch waits for its sequences' JITs (the
   router's hold), so a round waits whenever any of its ``batch`` sequences missed: ``1 - h^batch``, which
   nears 1 quickly as the batch grows. The wait is a JIT's round trip, not only its compute: ``hop`` is measured.
+  By JIT only the draft does no work while the target verifies: at batch 4-16 on two cores its speculation slowed
+  the target's verify (0.097 against SD's 0.0935 s at batch 16) and hit in only a third to a half of the rounds,
+  and SSD at a fixed K ran 1-8% below SD there. Which of the two pays is left to the measured terms.
   K = 0 is plain decoding (E = 1, no draft work): speculation is turned off where it does not pay, which
   depends on the batch size through ``t_v`` and ``t_d``. ``choose(batch, current)`` keeps ``current`` unless
   another K is predicted faster by more than ``margin`` (5%): a switch has costs the formula does not hold (a
@@ -71,6 +82,10 @@ from __future__ import annotations
 from ssd.spec.backup import LinearEma
 
 __all__ = ["AdaptiveK", "CostTable"]
+
+PLAIN, CACHED, JIT = 0, 1, 2   # classes of rounds: K = 0, K > 0 from the speculation cache, K > 0 by JIT only
+KIND_NAMES = {PLAIN: "K=0", CACHED: "K>0 cached", JIT: "K>0"}
+BORROW = {PLAIN: (JIT, CACHED), JIT: (PLAIN, CACHED), CACHED: (JIT, PLAIN)}   # an untimed class's stand-ins
 
 
 class CostTable:
@@ -134,16 +149,19 @@ class AdaptiveK:
         self.k_max, self.mode, self.probe_every, self.decay = k_max, mode, probe_every, decay
         self.max_probe_every = max(probe_every, max_probe_every)
         self.probe_interval = probe_every
-        self.acceptance = [prior_acceptance] * k_max   # conditional, per position 1..k_max
+        self.acceptance = [prior_acceptance] * k_max   # conditional, per position 1..k_max, all rounds
+        self.by_source = {src: [prior_acceptance] * k_max for src in ("cache", "jit")}   # per source, once seen
+        self.seen = {"cache": 0, "jit": 0}
         self.hit = 0.5 if mode == "ssd" else 0.0
+        self.cached = mode == "ssd"   # ssd: the choice's rounds speculate into the cache (else JIT only)
         self.verify = verify if verify is not None else CostTable()
         self.explore_every = explore_every   # 0: never explore
         self._explore_up = False
         self.draft_step = draft_step if draft_step is not None else LinearEma(prior_intercept=4e-3, prior_slope=4e-4)
         self.hop = 2e-3   # a JIT's round trip beyond the draft's compute, seconds (EMA; prior 2 ms)
         self.rounds = 0
-        # realized / modelled round time, by (batch-size bucket, K > 0); 1 until a round of that kind is timed
-        self.realized: dict[tuple[int, bool], float] = {}
+        # realized / modelled round time, by (batch-size bucket, class: PLAIN, CACHED, JIT)
+        self.realized: dict[tuple[int, int], float] = {}
         self.realized_decay = realized_decay
 
     @staticmethod
@@ -152,15 +170,20 @@ class AdaptiveK:
         return LinearEma(prior_intercept=25e-3, prior_slope=1e-3)
 
     # ---- measurements ---------------------------------------------------------------------------
-    def observe_round(self, offered: int, accepted: int) -> None:
+    def observe_round(self, offered: int, accepted: int, source: str | None = None) -> None:
         if offered <= 0:
             return
         d = self.decay
         self.rounds += 1
+        vectors = [self.acceptance]
+        if source in self.by_source:
+            self.seen[source] += 1
+            vectors.append(self.by_source[source])
         for i in range(min(offered, self.k_max)):  # position i+1 was reached iff the first i were accepted
             if i > accepted:
                 break
-            self.acceptance[i] = d * self.acceptance[i] + (1 - d) * (1.0 if accepted > i else 0.0)
+            for acc in vectors:
+                acc[i] = d * acc[i] + (1 - d) * (1.0 if accepted > i else 0.0)
 
     def observe_verify(self, tokens: int, seconds: float, overhead: float | None = None) -> None:
         if tokens > 0 and seconds > 0:
@@ -183,58 +206,84 @@ class AdaptiveK:
         """Batch sizes 1, 2-3, 4-7, 8-15, ... share a realized-time correction."""
         return max(1, int(batch)).bit_length() - 1
 
-    def observe_round_time(self, batch: int, k: int, seconds: float) -> None:
+    def kind(self, k: int, cached: bool | None = None) -> int:
+        """The class of a round at K = k: PLAIN, CACHED (ssd, from the cache) or JIT (sd, or ssd by JIT only);
+        `cached` None: the current choice's."""
+        if k <= 0:
+            return PLAIN
+        cached = self.cached if cached is None else cached
+        return CACHED if self.mode == "ssd" and cached else JIT
+
+    def observe_round_time(self, batch: int, k: int, seconds: float, cached: bool | None = None) -> None:
         if seconds <= 0 or not 0 <= k <= self.k_max:
             return
         batch = max(1, batch)
-        ratio = min(3.0, max(0.5, seconds / self.model_seconds(batch, k)))
-        key, d = (self.bucket(batch), k > 0), self.realized_decay
+        ratio = min(3.0, max(0.5, seconds / self.model_seconds(batch, k, cached)))
+        key, d = (self.bucket(batch), self.kind(k, cached)), self.realized_decay
         self.realized[key] = d * self.realized.get(key, 1.0) + (1 - d) * ratio
 
     # ---- the decision ----------------------------------------------------------------------------
-    def expected_tokens(self, k: int) -> float:
+    def _acceptance(self, source: str) -> list[float]:
+        return self.by_source[source] if self.seen[source] else self.acceptance
+
+    @staticmethod
+    def _expected(acceptance: list[float], k: int) -> float:
         total, p = 1.0, 1.0
-        for a in self.acceptance[:k]:
+        for a in acceptance[:k]:
             p *= a
             total += p
         return total
 
-    def round_seconds(self, batch: int, k: int) -> float:
-        """The model's round time corrected by what rounds of this kind and batch size took (of the other kind, while
-        none of this kind was timed at this size)."""
-        b = self.bucket(batch)
-        c = self.realized.get((b, k > 0))
-        if c is None:
-            c = self.realized.get((b, k <= 0), 1.0)
-        return c * self.model_seconds(batch, k)
+    def expected_tokens(self, k: int, cached: bool | None = None) -> float:
+        if self.kind(k, cached) == CACHED:
+            return (self.hit * self._expected(self._acceptance("cache"), k)
+                    + (1.0 - self.hit) * self._expected(self._acceptance("jit"), k))
+        return self._expected(self.acceptance, k)
 
-    def model_seconds(self, batch: int, k: int) -> float:
+    def round_seconds(self, batch: int, k: int, cached: bool | None = None) -> float:
+        """The model's round time corrected by what rounds of this class and batch size took (of another class, while
+        none of this one was timed at this size)."""
+        b, kind = self.bucket(batch), self.kind(k, cached)
+        for other in (kind, *BORROW[kind]):
+            c = self.realized.get((b, other))
+            if c is not None:
+                return c * self.model_seconds(batch, k, cached)
+        return self.model_seconds(batch, k, cached)
+
+    def model_seconds(self, batch: int, k: int, cached: bool | None = None) -> float:
         """The model's round time: the verify, and the draft's time a round waits for."""
         draft = 0.0
-        if k > 0 and self.mode == "sd":
+        kind = self.kind(k, cached)
+        if kind == JIT:
             draft = self.hop + k * self.draft_step.predict(batch)
-        elif k > 0:
+        elif kind == CACHED:
             miss = 1.0 - self.hit
             draft = (1.0 - self.hit ** batch) * (self.hop + k * self.draft_step.predict(max(1.0, batch * miss)))
         return self.verify.predict(batch * (k + 1)) + draft
 
-    def throughput(self, batch: int, k: int) -> float:
-        """Predicted tokens per second of a batch running K."""
-        return batch * self.expected_tokens(k) / self.round_seconds(batch, k)
+    def throughput(self, batch: int, k: int, cached: bool | None = None) -> float:
+        """Predicted tokens per second of a batch running K (from the cache or not: `cached`, None the choice's)."""
+        return batch * self.expected_tokens(k, cached) / self.round_seconds(batch, k, cached)
 
     def choose(self, batch: int, current: int | None = None) -> int:
         """The K of the highest predicted throughput (the smaller on a tie) among K = 0 and the K > 0 predicted
         more than `margin` faster than K = 0; `current` (the K in use), if among them, stays unless that one is
-        predicted more than `margin` faster."""
+        predicted more than `margin` faster. In ssd mode each K > 0 is weighed from the cache and by JIT only, and
+        `cached` is set to the choice's (the current one's stays unless another is more than `margin` faster)."""
         batch = max(1, batch)
-        tp = [self.throughput(batch, k) for k in range(self.k_max + 1)]
+        options = [(0, False)] + [(k, c) for c in ((True, False) if self.mode == "ssd" else (False,))
+                                  for k in range(1, self.k_max + 1)]
+        tp = {o: self.throughput(batch, *o) for o in options}
         # speculation only where it is predicted more than `margin` faster than plain decoding
-        eligible = [0] + [k for k in range(1, self.k_max + 1) if tp[k] > tp[0] * (1.0 + self.margin)]
-        k = max(eligible, key=lambda k: (tp[k], -k))
-        if current is not None and current != k and current in eligible and tp[current] * (1.0 + self.margin) >= tp[k]:
-            k = current
+        eligible = [(0, False)] + [o for o in options if o[0] > 0 and tp[o] > tp[(0, False)] * (1.0 + self.margin)]
+        best = max(eligible, key=lambda o: (tp[o], -o[0], o[1]))
+        now = None if current is None else (current, current > 0 and self.kind(current) == CACHED)
+        if now is not None and now != best and now in eligible and tp[now] * (1.0 + self.margin) >= tp[best]:
+            best = now
+        k = best[0]
         if k > 0:
             self.probe_interval = self.probe_every
+            self.cached = best[1]
         return k
 
     def probe(self, rounds_since_probe: int) -> bool:
@@ -258,11 +307,16 @@ class AdaptiveK:
         return k + 1 if self._explore_up and k < self.k_max else k - 1
 
     def summary(self, batch: int) -> dict:
-        return {"k": self.choose(batch), "acceptance": [round(a, 3) for a in self.acceptance],
+        """What the choice at `batch` rests on (for logs; changes nothing)."""
+        return {"cached": self.cached,
+                "acceptance": [round(a, 3) for a in self.acceptance],
+                "by_source": {src: [round(a, 3) for a in acc] for src, acc in self.by_source.items() if self.seen[src]},
                 "hit": round(self.hit, 3), "verify": self.verify.coefficients(),
                 "verify_table": {n: round(t, 4) for n, t in self.verify.table().items()},
                 "verify_overhead": round(self.verify.overhead, 4), "jit_hop": round(self.hop, 4),
                 "draft_step": self.draft_step.coefficients(),
-                "realized": {f"batch {1 << b}+ K{'>' if spec else '='}0": round(c, 3)
-                             for (b, spec), c in sorted(self.realized.items())},
-                "throughput": [round(self.throughput(max(1, batch), k), 2) for k in range(self.k_max + 1)]}
+                "realized": {f"batch {1 << b}+ {KIND_NAMES[kind]}": round(c, 3)
+                             for (b, kind), c in sorted(self.realized.items())},
+                "throughput": [round(self.throughput(max(1, batch), k), 2) for k in range(self.k_max + 1)],
+                **({"throughput_jit": [round(self.throughput(max(1, batch), k, False), 2)
+                                       for k in range(1, self.k_max + 1)]} if self.mode == "ssd" else {})}

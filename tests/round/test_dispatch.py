@@ -322,6 +322,46 @@ def test_a_requests_time_splits_into_queue_prefill_and_decode_as_the_metrics_rep
         rig.core.shutdown("the test is over")
 
 
+def test_ssd_by_jit_only_sends_no_draft_round_and_each_round_takes_a_jit_while_a_pinned_k_still_speculates():
+    """ssd with the adaptive choice K = 2 by JIT only (`cached` off): every round of an unpinned request drafts by
+    JIT before its verify and the draft gets no DraftRound to speculate with; its rounds are marked not cached and
+    timed as such. A request that pins K keeps the speculation cache."""
+    rig = make_sd_rig("ssd", adaptive=True, adaptive_fanout=True)
+    core = rig.core
+    try:
+        policy = core.planner.adaptive["ssd"]
+        core.planner.choice["ssd"], policy.cached, policy.explore_every = 2, False, 0
+        core.planner.adapt = lambda batch: None
+        timed = []
+        policy.observe_round_time = lambda batch, k, seconds, cached=None: timed.append((k, cached))
+        req, = ssd_admit(rig, "jit")
+        core.on_message(rig.target, wire.Prefilled([(req.seq, 9)], 0.01, []))
+        for _ in range(3):
+            core.dispatch()
+            (jit,) = rig.take(wire.Jit)
+            assert jit.items[0].room == 2
+            core.on_message(rig.drafts[0], wire.JitResult(jit.batch_id, [(req.seq, [11, 12], None)], 0.005))
+            core.dispatch()
+            (verify,) = rig.take(wire.Verify)
+            assert len(verify.items[0].tokens) == 2 and not rig.take(wire.DraftRound)
+            assert not req.round.cached and req.round.source == "jit"
+            answer(rig, verify)
+        assert timed == [(2, False)] * 3
+        pinned = core.submit("pinned", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd", k=3)
+        core.take_new()
+        rig.take(wire.Prefill)
+        core.on_message(rig.target, wire.Prefilled([(pinned.seq, 9)], 0.01, []))
+        rig.take(wire.DraftAdd)
+        core.dispatch()
+        for jit in rig.take(wire.Jit):       # the forced miss after prefill
+            jit_answer(rig, jit)
+        core.dispatch()
+        rounds = rig.take(wire.DraftRound)
+        assert [it.seq for r in rounds for it in r.items] == [pinned.seq] and pinned.round.cached
+    finally:
+        core.shutdown("the test is over")
+
+
 def test_with_speculation_off_no_draft_round_is_sent_and_no_lookup_is_counted_as_a_miss():
     """ssd with the adaptive choice at K = 0: a round verifies with no draft tokens, the draft is asked for
     nothing, and the request's statistics count no cache lookup for it (only the forced one after prefill), so
@@ -351,7 +391,7 @@ def test_each_round_is_timed_from_the_sequences_previous_outcome_for_its_modes_p
     rig = make_sd_rig("sd", clock=clock, adaptive=True)
     core = rig.core
     seen = []
-    core.planner.adaptive["sd"].observe_round_time = lambda batch, k, seconds: seen.append((batch, k, seconds))
+    core.planner.adaptive["sd"].observe_round_time = lambda batch, k, seconds, cached=None: seen.append((batch, k, seconds))
     try:
         req = sd_admit(rig)
         for wait in (0.3, 0.2):
@@ -378,7 +418,7 @@ def test_a_round_its_target_spent_partly_on_a_prefill_is_not_timed_for_the_polic
     rig = make_sd_rig("sd", clock=clock, adaptive=True)
     core = rig.core
     seen = []
-    core.planner.adaptive["sd"].observe_round_time = lambda batch, k, seconds: seen.append((batch, k, seconds))
+    core.planner.adaptive["sd"].observe_round_time = lambda batch, k, seconds, cached=None: seen.append((batch, k, seconds))
 
     def jit_and_verify(reqs):
         core.dispatch()
@@ -494,7 +534,7 @@ def test_a_probe_is_run_by_one_sequence_of_the_batch_in_turn_and_the_batch_stays
         policy = core.planner.adaptive["sd"]
         policy.probe_every = policy.probe_interval = 3
         timed = []
-        policy.observe_round_time = lambda batch, k, seconds: timed.append(k)
+        policy.observe_round_time = lambda batch, k, seconds, cached=None: timed.append(k)
         reqs = sd_admit_together(rig, 4)
         rounds = run_probe_rounds(rig, reqs, 12)
         probers = [[s for s, k in r.items() if k] for r in rounds]
@@ -518,7 +558,7 @@ def test_a_probe_of_a_lone_sequence_is_the_whole_batch():
         policy = core.planner.adaptive["sd"]
         policy.probe_every = policy.probe_interval = 2
         timed = []
-        policy.observe_round_time = lambda batch, k, seconds: timed.append(k)
+        policy.observe_round_time = lambda batch, k, seconds, cached=None: timed.append(k)
         reqs = sd_admit_together(rig, 1)
         assert [r[reqs[0].seq] for r in run_probe_rounds(rig, reqs, 4)] == [0, 0, core.k, 0]
         assert timed == [0, 0, core.k, 0]

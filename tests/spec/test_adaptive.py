@@ -1,7 +1,7 @@
 """The adaptive K policy: acceptance bookkeeping, the Theorem 7 choice, turning speculation off and on."""
 import pytest
 
-from ssd.spec.adaptive import AdaptiveK, CostTable
+from ssd.spec.adaptive import CACHED, JIT, PLAIN, AdaptiveK, CostTable
 
 
 def feed(a: AdaptiveK, accept_rate_by_position, rounds=400, k=3):
@@ -164,7 +164,7 @@ def test_speculation_runs_only_where_it_is_predicted_faster_than_plain_decoding_
     verify batches, waits for the slowest JIT) are not in the prediction. Beyond the margin it is."""
     a = AdaptiveK(3, "sd")
     predicted = {}
-    a.throughput = lambda batch, k: predicted[k]
+    a.throughput = lambda batch, k, cached=None: predicted[k]
     predicted.update({0: 100.0, 1: 104.0, 2: 103.0, 3: 90.0})
     assert [a.choose(4, current=c) for c in (None, 0, 1, 2, 3)] == [0] * 5
     predicted.update({1: 106.0, 2: 109.0})
@@ -211,10 +211,10 @@ def test_rounds_slower_than_the_model_turn_speculation_down_at_their_batch_size_
     for _ in range(200):
         a.observe_round_time(8, 3, 1.5 * a.model_seconds(8, 3))
         a.observe_round_time(9, 0, a.model_seconds(9, 0))
-    assert a.realized == {(3, True): pytest.approx(1.5, abs=0.01), (3, False): pytest.approx(1.0)}
+    assert a.realized == {(3, JIT): pytest.approx(1.5, abs=0.01), (3, PLAIN): pytest.approx(1.0)}
     assert a.choose(8) == 0 and a.choose(15) == 0   # one bucket: 8-15
     assert a.choose(1) == 3 and a.choose(4) == 3
-    assert a.round_seconds(8, 3) == pytest.approx(a.realized[(3, True)] * a.model_seconds(8, 3))
+    assert a.round_seconds(8, 3) == pytest.approx(a.realized[(3, JIT)] * a.model_seconds(8, 3))
     assert "batch 8+ K>0" in a.summary(8)["realized"]
 
 
@@ -242,10 +242,10 @@ def test_a_kind_of_round_not_yet_timed_at_a_batch_size_takes_the_other_kinds_cor
 def test_a_round_time_counts_within_bounds_and_bad_ones_not_at_all():
     a = AdaptiveK(3, "ssd", realized_decay=0.5)
     a.observe_round_time(1, 2, 100 * a.model_seconds(1, 2))   # a stall: counted as 3x, not 100x
-    assert a.realized[(0, True)] == pytest.approx(0.5 * 1.0 + 0.5 * 3.0)
+    assert a.realized[(0, CACHED)] == pytest.approx(0.5 * 1.0 + 0.5 * 3.0)
     a.observe_round_time(1, 2, 0.0)
     a.observe_round_time(1, 7, 1.0)   # above k_max
-    assert list(a.realized) == [(0, True)]
+    assert list(a.realized) == [(0, CACHED)]
 
 
 def test_probe_due_answers_like_probe_without_counting():
@@ -253,3 +253,32 @@ def test_probe_due_answers_like_probe_without_counting():
     assert not a.probe_due(3) and a.probe_due(4)
     assert a.probe_interval == 4          # asking changed nothing
     assert a.probe(4) and a.probe_interval == 8 and not a.probe_due(7) and a.probe_due(8)
+
+
+def test_ssd_weighs_each_k_from_the_cache_and_by_jit_only_on_what_each_measured():
+    """ssd: rounds from the cache accept less than JIT rounds (their entries are drafted before the target's
+    features exist), and at batch 8 they were timed at 1.3x the model (the draft's speculation beside the target's
+    verify) while JIT-only rounds ran as modelled: K > 0 by JIT only is chosen there. At batch 1 the cache hits
+    and its rounds run as modelled: the cache stays chosen. Each source's acceptance counts only its own rounds;
+    by JIT only is weighed with all rounds' (a JIT round in ssd is a miss's, not any round's)."""
+    a = AdaptiveK(3, "ssd", explore_every=0)
+    timings(a, verify_c0=0.03, verify_c1=0.0008, draft_step=0.004)
+    for i in range(300):
+        a.observe_round(3, 2, "jit")
+        a.observe_round(3, 1 + i % 2, "cache")
+        a.observe_lookup(True)
+    assert a.by_source["jit"][1] > 0.9 and 0.4 < a.by_source["cache"][1] < 0.6 and a.seen == {"cache": 300, "jit": 300}
+    hit = a.hit
+    assert a.expected_tokens(2, True) == pytest.approx(hit * 2.5 + (1 - hit) * 3.0, rel=0.02)
+    assert a.expected_tokens(2, False) == pytest.approx(a._expected(a.acceptance, 2))   # by JIT only: all rounds
+    assert a.choose(1) > 0 and a.cached                      # batch 1: from the cache
+    for _ in range(300):
+        a.observe_round_time(8, 3, 1.3 * a.model_seconds(8, 3, True), True)
+        a.observe_round_time(8, 3, a.model_seconds(8, 3, False), False)
+    assert a.realized[(3, CACHED)] == pytest.approx(1.3, abs=0.01) and a.realized[(3, JIT)] == pytest.approx(1.0)
+    assert a.choose(8) > 0 and not a.cached                  # batch 8: by JIT only
+    assert "throughput_jit" in a.summary(8) and "batch 8+ K>0 cached" in a.summary(8)["realized"]
+    assert a.choose(1, current=3) > 0 and a.cached           # and back at batch 1
+    sd = AdaptiveK(3, "sd")
+    sd.cached = True                                         # meaningless in sd: its rounds are JIT rounds
+    assert sd.kind(3) == JIT and sd.model_seconds(1, 3) == sd.model_seconds(1, 3, False)
