@@ -246,7 +246,7 @@ class RoundCore:
                 req.stats.count("cache", reason.value)
             if rnd.drafted:   # only a round the draft was asked to speculate for says anything about the drafts
                 self.metrics.cache_lookup(reason.value)
-                self.planner.observe_lookup(req, j, reason)
+                self.planner.observe_lookup(req, j, reason, len(self.active))
             if rnd.k == 0:
                 self.backup(req, BackupPolicy.NONE)
                 return

@@ -182,11 +182,12 @@ class SpeculationPlanner:
         if policy is not None:
             policy.observe_draft(compute)
 
-    def observe_lookup(self, req, j: int, reason: LookupReason) -> None:
-        """A drafted round's cache lookup: hit or not for the adaptive policy; the outcome, late or not, and for an
-        outcome its draft had candidates for (hit or no entry) how many it had, for its draft's fan-out policy."""
+    def observe_lookup(self, req, j: int, reason: LookupReason, batch: int | None = None) -> None:
+        """A drafted round's cache lookup: hit or not for the adaptive policy (with `batch`, the sequences running:
+        it keeps the rate per batch size too); the outcome, late or not, and for an outcome its draft had candidates
+        for (hit or no entry) how many it had, for its draft's fan-out policy."""
         if req.mode in self.adaptive:
-            self.adaptive[req.mode].observe_lookup(reason is LookupReason.HIT)
+            self.adaptive[req.mode].observe_lookup(reason is LookupReason.HIT, batch)
         policy = self._fanout.get(req.draft) if req.draft is not None else None
         if policy is None:
             return

@@ -1,7 +1,7 @@
 """The adaptive K policy: acceptance bookkeeping, the Theorem 7 choice, turning speculation off and on."""
 import pytest
 
-from ssd.spec.adaptive import CACHED, JIT, PLAIN, AdaptiveK, CostTable
+from ssd.spec.adaptive import CACHED, HIT_TRUSTED, JIT, PLAIN, AdaptiveK, CostTable
 
 
 def feed(a: AdaptiveK, accept_rate_by_position, rounds=400, k=3):
@@ -282,3 +282,23 @@ def test_ssd_weighs_each_k_from_the_cache_and_by_jit_only_on_what_each_measured(
     sd = AdaptiveK(3, "sd")
     sd.cached = True                                         # meaningless in sd: its rounds are JIT rounds
     assert sd.kind(3) == JIT and sd.model_seconds(1, 3) == sd.model_seconds(1, 3, False)
+
+
+def test_the_hit_rate_is_kept_per_batch_size_and_read_there_once_trusted():
+    """The cache hits in 3 of 4 lookups at batch 1 and 1 of 4 at batch 16 (the draft's forks shared by 16): the
+    model reads 0.25 at 16 once its bucket has HIT_TRUSTED lookups, where the rate over all of them would say
+    0.5, and K from the cache at batch 16 is predicted slower for it. Before that, the rate over all lookups."""
+    a = AdaptiveK(3, "ssd", explore_every=0)
+    timings(a, verify_c0=0.03, verify_c1=0.0008, draft_step=0.004)
+    for i in range(400):
+        a.observe_lookup(i % 4 != 0, 1)
+        if i < HIT_TRUSTED - 1 or i >= 100:
+            a.observe_lookup(i % 4 == 0, 16)
+        if i == HIT_TRUSTED:
+            assert a.hit_at(16) == a.hit                     # 49 lookups at batch 16: not yet its own
+    assert a.hit_at(1) == pytest.approx(0.75, abs=0.05) and a.hit_at(16) == pytest.approx(0.25, abs=0.05)
+    assert a.hit_at(2) == a.hit == pytest.approx(0.5, abs=0.05)   # a bucket never looked up in
+    fast = AdaptiveK(3, "ssd", explore_every=0, verify=a.verify, draft_step=a.draft_step)
+    fast.hit = a.hit_at(1)
+    assert a.throughput(16, 1, True) < fast.throughput(16, 1, True)
+    assert a.throughput(1, 3, True) == pytest.approx(fast.throughput(1, 3, True))
