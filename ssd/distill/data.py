@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ssd.engine.ar import AREngine
+from ssd.models.decoder import padded
 from ssd.params import SamplingParams
 from ssd.prompts import KINDS
 from ssd.tokenizer import Tokenizer
@@ -46,14 +47,20 @@ class DataConfig:
 
 class _FeatureTap:
     """Keeps the input of the model's final norm (the pre-norm hidden states) of the last forward, and the outputs
-    of the decoder layers in `layers`."""
+    of the decoder layers in `layers`, each as [B, T, hidden]: a ragged forward carries its real tokens flat
+    ([N, hidden], `Decoder.forward`), laid out here by the batch's `valid`."""
 
     def __init__(self, model, layers: tuple[int, ...] = ()):
         self.last: torch.Tensor | None = None
+        self.valid: torch.Tensor | None = None
         self.layer_out: dict[int, torch.Tensor] = {}
-        self.handles = [model.norm.register_forward_pre_hook(self._hook)]
+        self.handles = [model.register_forward_pre_hook(self._batch_hook),
+                        model.norm.register_forward_pre_hook(self._hook)]
         for i in layers:
             self.handles.append(model.layers[i].register_forward_hook(self._layer_hook(i)))
+
+    def _batch_hook(self, module, args):
+        self.valid = getattr(args[0], "valid", None) if args else None
 
     def _hook(self, module, args):
         self.last = args[0].detach()
@@ -66,7 +73,7 @@ class _FeatureTap:
     def rows(self) -> dict[str, torch.Tensor]:
         out = {"features": self.last}
         out.update({f"features_l{i}": x for i, x in self.layer_out.items()})
-        return out
+        return {name: padded(x, self.valid) if x.dim() == 2 else x for name, x in out.items()}
 
     def close(self):
         for h in self.handles:
