@@ -20,7 +20,11 @@ the draft round per batch and the hit rate.
 `bench/results/packed_weights_ab.jsonl`: packed weights off and on in one checkout, `SSD_PACKED_WEIGHTS=0` against
 unset, the same modes and batches, 2026-12-05;
 `bench/results/io_wake_ab.jsonl`: replies sent as soon as queued, 984d906 against 36b9826, batches 1 and 8,
-2026-12-05, on the new host.)
+2026-12-05, on the new host;
+`bench/results/probe_ab.jsonl`: one-sequence probes, ragged verifies carried flat and the adaptive policy's JIT-only
+class, 713f28a against 5c2dfb5, ar, sd-auto and ssd-auto at batches 4, 8 and 16, 2026-12-05;
+`bench/results/probe_ab_b12.jsonl`: the same with the per-batch-size hit rate too, 713f28a against 6a85dd4, batches 1
+and 2.)
 """
 from __future__ import annotations
 
