@@ -464,24 +464,12 @@ def sd_admit_together(rig, n: int) -> list:
 
 
 def run_rounds(rig, reqs, rounds: int) -> list[int]:
-    """`rounds` rounds of `reqs`, each one JIT batch (when K > 0) and one Verify holding them all, all at the same
-    K (asserted); returns the K of each round."""
+    """`rounds` rounds of `reqs` (`run_probe_rounds`), all of each at the same K (asserted); returns each round's K."""
     ks = []
-    for _ in range(rounds):
-        rig.core.dispatch()
-        jits = rig.take(wire.Jit)
-        if jits:
-            (jit,) = jits
-            assert sorted(it.seq for it in jit.items) == sorted(r.seq for r in reqs)
-            rig.core.on_message(rig.drafts[0], wire.JitResult(jit.batch_id, [(it.seq, [11, 12, 13][:it.room], None)
-                                                                             for it in jit.items], 0.005))
-            rig.core.dispatch()
-        (verify,) = rig.take(wire.Verify)
-        assert sorted(it.seq for it in verify.items) == sorted(r.seq for r in reqs)
-        sizes = {len(it.tokens) for it in verify.items}
+    for by_seq in run_probe_rounds(rig, reqs, rounds):
+        sizes = set(by_seq.values())
         assert len(sizes) == 1, f"one verify batch ran K = {sorted(sizes)}"
         ks.append(sizes.pop())
-        answer(rig, verify)
     return ks
 
 
