@@ -168,11 +168,11 @@ class SpeculationPlanner:
         for policy in self.adaptive.values():
             policy.observe_jit(roundtrip, compute)
 
-    def observe_verify(self, positions: int, compute: float, overhead: float) -> None:
-        """The target's compute for a batch: a round trip also holds time queued behind prefills, which K does not
-        change."""
+    def observe_verify(self, positions: int, compute: float, overhead: float, seqs: int | None = None) -> None:
+        """The target's compute for a batch of `positions` over `seqs` sequences: a round trip also holds time queued
+        behind prefills, which K does not change."""
         if self.adaptive:
-            self.verify_cost.observe(positions, compute, overhead)
+            self.verify_cost.observe(positions, compute, overhead, seqs)
         for policy in self._fanout.values():
             policy.observe_verify(compute)
 

@@ -10,10 +10,12 @@ Contract
     a JIT drafts for a miss, an outcome the speculation did not foresee, and accepted less than a cache entry in
     one run at batch 4-8 (first position 0.45-0.49 against 0.52-0.55). By JIT only every round is a JIT round,
     misses or not: that choice is weighed with the acceptance over all rounds.
-  - ``observe_verify(tokens, seconds, overhead)``: one verify batch of ``tokens`` positions (sum over its
-    sequences of drafted + 1), the target's compute for it and what the round trip took beyond that, kept in a
-    ``CostTable``: the measured mean at each
-    n seen recently, a line ``t_v(n) = c0 + c1 n`` (``LinearEma``) for the others. A table, because the cost
+  - ``observe_verify(tokens, seconds, overhead, seqs)``: one verify batch of ``tokens`` positions (sum over its
+    ``seqs`` sequences of drafted + 1), the target's compute for it and what the round trip took beyond that, kept
+    in a ``CostTable``: the measured mean at each shape (n, seqs) and at each n seen recently, a line
+    ``t_v(n) = c0 + c1 n`` (``LinearEma``) for the others. Per shape first: 16 positions as 16 x 1 (0.0505 s in
+    one run) and as 8 x 2 or 4 x 4 (attention over longer rows) cost differently, and a mean over all of them
+    (0.0587) made plain decoding at batch 16 look dearer than it was and K = 1 chosen where it ran below plain. A table, because the cost
     is not a line in n on a CPU: a 2-row matmul can cost what a 1-row one does and a 3-row one half again
     (ssd/models/linear.py), and that step decides between K = 1 and K = 3 at batch 1.
   - ``observe_draft_step(batch, seconds)``: one draft step (a JIT batch's time / K): a line in the batch size.
@@ -108,33 +110,43 @@ class CostTable:
         self._clock = 0
         self.overhead = 0.0
 
-    def observe(self, n: int, seconds: float, overhead: float | None = None) -> None:
-        """`seconds`: the target's compute for a verify of `n` positions; `overhead`: what its round trip took
-        beyond that (router hop and ZeroMQ, capped at `seconds`: time queued behind a prefill is not the verify's
-        and does not depend on K), kept as one mean that every prediction adds."""
+    def observe(self, n: int, seconds: float, overhead: float | None = None, seqs: int | None = None) -> None:
+        """`seconds`: the target's compute for a verify of `n` positions (of `seqs` sequences, if known); `overhead`:
+        what its round trip took beyond that (router hop and ZeroMQ, capped at `seconds`: time queued behind a
+        prefill is not the verify's and does not depend on K), kept as one mean that every prediction adds."""
         if overhead is not None:
             self.overhead = self.decay * self.overhead + (1 - self.decay) * min(max(overhead, 0.0), seconds)
         self.line.observe(n, seconds)
         self._clock += 1
-        w = self.decay * self._weight.get(n, 0.0) if self._fresh(n) else 0.0
-        self._mean[n] = (w * self._mean.get(n, 0.0) + seconds) / (w + 1.0)
-        self._weight[n], self._seen[n] = w + 1.0, self._clock
+        for key in (n,) if seqs is None else (n, (n, seqs)):
+            w = self.decay * self._weight.get(key, 0.0) if self._fresh(key) else 0.0
+            self._mean[key] = (w * self._mean.get(key, 0.0) + seconds) / (w + 1.0)
+            self._weight[key], self._seen[key] = w + 1.0, self._clock
 
-    def _fresh(self, n: int) -> bool:
-        return n in self._seen and self._clock - self._seen[n] <= self.max_age
+    def _fresh(self, key) -> bool:
+        return key in self._seen and self._clock - self._seen[key] <= self.max_age
 
-    def predict(self, n: float) -> float:
+    def _trusted(self, key) -> bool:
+        return self._fresh(key) and self._weight[key] >= self.trusted
+
+    def predict(self, n: float, seqs: int | None = None) -> float:
+        """A verify of `n` positions (of `seqs` sequences): the mean at that shape, else at that n, else the line."""
         n_int = int(n)
-        if n_int == n and self._fresh(n_int) and self._weight[n_int] >= self.trusted:
-            return self._mean[n_int] + self.overhead
+        if n_int == n:
+            for key in ((n_int, seqs), n_int) if seqs is not None else (n_int,):
+                if self._trusted(key):
+                    return self._mean[key] + self.overhead
         return self.line.predict(n) + self.overhead
 
     def coefficients(self) -> tuple[float, float]:
         return self.line.coefficients()
 
-    def table(self) -> dict[int, float]:
-        """The trusted means, by n (for logs and tests)."""
-        return {n: self._mean[n] for n in sorted(self._mean) if self._fresh(n) and self._weight[n] >= self.trusted}
+    def table(self, seqs: int | None = None) -> dict[int, float]:
+        """The trusted means, by n (with `seqs`, of verifies of that many sequences; for logs and tests)."""
+        if seqs is None:
+            return {n: self._mean[n] for n in sorted(k for k in self._mean if isinstance(k, int)) if self._trusted(n)}
+        return {k[0]: self._mean[k] for k in sorted(k for k in self._mean if isinstance(k, tuple) and k[1] == seqs)
+                if self._trusted(k)}
 
 
 class AdaptiveK:
@@ -191,9 +203,10 @@ class AdaptiveK:
             for acc in vectors:
                 acc[i] = d * acc[i] + (1 - d) * (1.0 if accepted > i else 0.0)
 
-    def observe_verify(self, tokens: int, seconds: float, overhead: float | None = None) -> None:
+    def observe_verify(self, tokens: int, seconds: float, overhead: float | None = None,
+                       seqs: int | None = None) -> None:
         if tokens > 0 and seconds > 0:
-            self.verify.observe(tokens, seconds, overhead)
+            self.verify.observe(tokens, seconds, overhead, seqs)
 
     def observe_draft_step(self, batch: int, seconds: float) -> None:
         if batch > 0 and seconds > 0:
@@ -274,7 +287,7 @@ class AdaptiveK:
         elif kind == CACHED:
             hit = self.hit_at(batch)
             draft = (1.0 - hit ** batch) * (self.hop + k * self.draft_step.predict(max(1.0, batch * (1.0 - hit))))
-        return self.verify.predict(batch * (k + 1)) + draft
+        return self.verify.predict(batch * (k + 1), batch) + draft
 
     def throughput(self, batch: int, k: int, cached: bool | None = None) -> float:
         """Predicted tokens per second of a batch running K (from the cache or not: `cached`, None the choice's)."""
@@ -329,6 +342,7 @@ class AdaptiveK:
                 "hit": round(self.hit, 3), "hit_at_batch": round(self.hit_at(batch), 3),
                 "verify": self.verify.coefficients(),
                 "verify_table": {n: round(t, 4) for n, t in self.verify.table().items()},
+                "verify_at_batch": {n: round(t, 4) for n, t in self.verify.table(max(1, batch)).items()},
                 "verify_overhead": round(self.verify.overhead, 4), "jit_hop": round(self.hop, 4),
                 "draft_step": self.draft_step.coefficients(),
                 "realized": {f"batch {1 << b}+ {KIND_NAMES[kind]}": round(c, 3)

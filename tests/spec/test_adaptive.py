@@ -302,3 +302,19 @@ def test_the_hit_rate_is_kept_per_batch_size_and_read_there_once_trusted():
     fast.hit = a.hit_at(1)
     assert a.throughput(16, 1, True) < fast.throughput(16, 1, True)
     assert a.throughput(1, 3, True) == pytest.approx(fast.throughput(1, 3, True))
+
+
+def test_the_verify_cost_is_kept_per_shape_before_per_number_of_positions():
+    """16 positions as 16 sequences of 1 cost 0.050 s, as 8 of 2 0.062: each shape predicts its own once trusted,
+    a shape never measured the mean over its n, and a prediction without a shape the mean over n as before. The
+    policy's plain round at batch 16 reads the 16 x 1 cost, not the mix."""
+    t = CostTable()
+    for _ in range(20):
+        t.observe(16, 0.050, seqs=16)
+        t.observe(16, 0.062, seqs=8)
+    assert t.predict(16, 16) == pytest.approx(0.050) and t.predict(16, 8) == pytest.approx(0.062)
+    assert 0.050 < t.predict(16) < 0.062 and t.predict(16, 4) == t.predict(16)
+    assert t.table() == {16: pytest.approx(t.predict(16))} and t.table(8) == {16: pytest.approx(0.062)}
+    a = AdaptiveK(3, "ssd", verify=t)
+    assert a.model_seconds(16, 0) == pytest.approx(0.050)
+    assert a.summary(16)["verify_at_batch"] == {16: 0.05}
