@@ -6,10 +6,11 @@ Contract
   - ``observe_round(offered, accepted, source)``: one verification of ``offered`` draft tokens (from the draft:
     cache entries or JIT, not n-gram) of which the first ``accepted`` were accepted. Kept per position as
     the conditional acceptance ``a_i = P(token i accepted | tokens 1..i-1 accepted)``, an EMA with a prior:
-    over all rounds, and per source ("cache", "jit") once that source has been seen. In ssd mode the two differ:
-    a JIT drafts for a miss, an outcome the speculation did not foresee, and accepted less than a cache entry in
-    one run at batch 4-8 (first position 0.45-0.49 against 0.52-0.55). By JIT only every round is a JIT round,
-    misses or not: that choice is weighed with the acceptance over all rounds.
+    over all rounds, and per source ("cache", "jit") once that source has been seen. In ssd mode the two differ,
+    either way: a JIT drafts for a miss (an outcome the speculation did not foresee) with the target's features, a
+    cache entry for a foreseen one without them. First position, one run at batch 4-8: JIT 0.45-0.49, cache
+    0.52-0.55; another at batch 16: JIT 0.51-0.57, cache 0.43. By JIT only every round is a JIT round, misses or
+    not: that choice is weighed with the acceptance over all rounds.
   - ``observe_verify(tokens, seconds, overhead, seqs)``: one verify batch of ``tokens`` positions (sum over its
     ``seqs`` sequences of drafted + 1), the target's compute for it and what the round trip took beyond that, kept
     in a ``CostTable``: the measured mean at each shape (n, seqs) and at each n seen recently, a line
