@@ -331,7 +331,8 @@ class TargetWorker:
             rows = [list(items[b].tokens) for b in greedy]
             draft = torch.tensor([r + [0] * (W - 1 - len(r)) for r in rows], dtype=torch.long).view(len(rows), W - 1)
             lengths = torch.tensor([len(r) for r in rows])
-            argmax = torch.cat([logits[b] for b in greedy]).argmax(-1).cpu().split([len(r) + 1 for r in rows])
+            # per sequence's rows (no copy of the logits), brought over in one transfer
+            argmax = torch.cat([logits[b].argmax(-1) for b in greedy]).cpu().split([len(r) + 1 for r in rows])
             picks = torch.zeros(len(greedy), W, dtype=torch.long)
             for r, b in enumerate(greedy):
                 s, K = seqs[b], len(items[b].tokens)

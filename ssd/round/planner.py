@@ -69,8 +69,7 @@ class SpeculationPlanner:
         verify batch answered, but a probe's (a sequence just prefilled runs the choice itself). Marks the round
         `mixed` when its batch's sequences run different K."""
         req.round.mixed = False
-        req.round.cached = req.mode == "ssd" and (bool(req.pinned_k) or req.mode not in self.adaptive
-                                                  or self.adaptive[req.mode].cached)
+        req.round.cached = self._cached(req)
         if req.mode == "ar":
             return 0
         if req.pinned_k or req.mode not in self.adaptive:
@@ -116,9 +115,11 @@ class SpeculationPlanner:
     def drafts_next_round(self, req) -> bool:
         """Whether the draft speculates during this round's verify (ssd, K may be above 0 next round, and the
         adaptive policy has not chosen to draft by JIT only)."""
-        if req.mode != "ssd" or not (req.round.k > 0 or self.choice.get("ssd", self.k) > 0):
-            return False
-        return bool(req.pinned_k) or "ssd" not in self.adaptive or self.adaptive["ssd"].cached
+        return self._cached(req) and (req.round.k > 0 or self.choice.get("ssd", self.k) > 0)
+
+    def _cached(self, req) -> bool:
+        """Whether the sequence's rounds speculate into the cache: ssd, and K pinned or the policy's choice says so."""
+        return req.mode == "ssd" and (bool(req.pinned_k) or "ssd" not in self.adaptive or self.adaptive["ssd"].cached)
 
     def adapt(self, batch: int) -> None:
         """The adaptive choice per mode for the current batch size (logged and exported when it changes)."""

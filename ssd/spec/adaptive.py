@@ -220,9 +220,11 @@ class AdaptiveK:
     def observe_lookup(self, hit: bool, batch: int | None = None) -> None:
         d, x = self.decay, 1.0 if hit else 0.0
         self.hit = d * self.hit + (1 - d) * x
-        if batch is not None:
-            h = self.hit_by_bucket.setdefault(self.bucket(batch), [self.hit, 0])
-            h[0], h[1] = d * h[0] + (1 - d) * x if h[1] >= HIT_TRUSTED else (h[0] * h[1] + x) / (h[1] + 1), h[1] + 1
+        if batch is not None:   # the bucket's plain mean until it is trusted, then an EMA like the rate over all
+            h = self.hit_by_bucket.setdefault(self.bucket(batch), [0.0, 0])
+            rate, n = h
+            h[0] = d * rate + (1 - d) * x if n >= HIT_TRUSTED else (rate * n + x) / (n + 1)
+            h[1] = n + 1
 
     def hit_at(self, batch: int) -> float:
         """The hit rate the model takes at `batch`: its bucket's once trusted, else over all lookups."""
