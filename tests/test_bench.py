@@ -1,5 +1,6 @@
-"""`ssd bench`'s summary: the best fixed K per mode, and the adaptive setting against it (no processes)."""
-from ssd.bench.stack import markdown, summary_row
+"""`ssd bench`'s summary: the best fixed K per mode, and the adaptive setting against it; its passes and how a
+mode's runs add up (no processes)."""
+from ssd.bench.stack import add_measures, markdown, mode_row, pass_plan, summary_row
 
 
 def run(tok_s, hit=0.4, tpr=1.7):
@@ -34,3 +35,42 @@ def test_the_routers_own_sd_counts_as_an_sd_setting():
     assert (r["sd_k"], r["sd_tok_s"]) == ("auto", 32.0)
     assert r["auto_over_sd"] == 36.0 / 32.0 and r["auto_over_best_fixed"] == 36.0 / 32.0
     assert markdown({"k": 3, "batch": {"1": r}}).splitlines()[2].startswith("| 1 | 20.0 | 32.0 (auto) | 25.0 (3) |")
+
+
+def test_passes_split_the_prompts_and_reverse_the_order_of_the_modes_on_every_other_pass():
+    modes, prompts = ["ar", "sd3", "ssd3", "sd-auto", "ssd-auto"], [f"p{i}" for i in range(20)]
+    plan = pass_plan(modes, prompts, 8, 1, 2)
+    assert [order for order, _ in plan] == [modes, modes[::-1]]
+    assert [ps for _, ps in plan] == [prompts[0:4], prompts[4:8]]   # every prompt once, in one of the passes
+    plan = pass_plan(modes, prompts, 8, 2, 3)
+    assert [ps for _, ps in plan] == [prompts[0:3], prompts[3:6], prompts[6:9]]
+    assert [order for order, _ in plan] == [modes, modes[::-1], modes]
+
+
+def test_a_pass_fills_its_batch_wrapping_around_the_prompts_when_the_shares_would_not():
+    prompts = [f"p{i}" for i in range(20)]
+    plan = pass_plan(["ar", "ssd-auto"], prompts, 8, 8, 2)
+    assert [ps for _, ps in plan] == [prompts[0:8], prompts[8:16]]
+    plan = pass_plan(["ar", "ssd-auto"], prompts, 8, 16, 2)
+    assert [ps for _, ps in plan] == [prompts[0:16], prompts[16:20] + prompts[0:12]]
+    assert pass_plan(["ar"], prompts, 8, 1, 1) == [(["ar"], prompts[0:8])]
+
+
+def measure(tokens, wall, rounds, hits, misses, verify_s, batches):
+    return {"tokens": tokens, "wall_s": wall,
+            "totals": {"rounds": rounds, "round_tokens": tokens, "accepted": [hits, 1], "offered": [rounds, 3],
+                       "reached": rounds, "cache": {"hit": hits, "no_entry": misses, "forced": 1},
+                       "backups": {"jit": misses}, "verify_batches": batches, "target_verify_s": verify_s,
+                       "verify_roundtrip_s": verify_s * 1.1, "draft_rounds": rounds, "draft_round_s": 0.5,
+                       "jit_batches": misses, "jit_s": 0.1 * misses}}
+
+
+def test_a_modes_runs_add_up_to_one_row_over_all_of_them_not_a_mean_of_their_rates():
+    a, b = measure(100, 2.0, 50, 30, 10, 1.5, 50), measure(300, 4.0, 100, 40, 60, 3.0, 100)
+    both = mode_row(add_measures(a, b))
+    assert both["tok_s"] == 400 / 6.0                       # not (50 + 75) / 2
+    assert both["hit_rate"] == 70 / 140 and both["tokens_per_round"] == 400 / 150
+    assert both["verify_s_per_batch"] == 4.5 / 150 and both["cache"] == {"hit": 70, "no_entry": 70, "forced": 2}
+    assert both["acceptance_per_position"] == [70 / 150, 2 / 6]
+    assert add_measures(a, {"tokens": 0, "wall_s": 0.0, "totals": {k: (type(v)() if not isinstance(v, (int, float))
+                                                                         else 0) for k, v in a["totals"].items()}}) == a

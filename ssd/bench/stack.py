@@ -2,9 +2,18 @@
 
 One stack serves all three modes (the mode is per request), so every figure comes from the same processes in
 one run. Target and draft are pinned to different cores with one torch thread each. For each batch size b,
-b client streams run the prompts (each prompt once per mode, modes interleaved per batch size so machine noise
-hits them alike); throughput = generated tokens / wall time. The router's cumulative totals (GetServerInfo),
-diffed around each run, give acceptance, tokens per round, cache hit and late rates, and the round-time split.
+b client streams run the prompts, each prompt once per mode; throughput = generated tokens / wall time, over all
+of a mode's runs at that batch size. The router's cumulative totals (GetServerInfo), diffed around each run, give
+acceptance, tokens per round, cache hit and late rates, and the round-time split.
+
+Passes (`passes`, default 2): at each batch size the prompts are split into that many shares, and each pass runs
+every mode on its share, in reverse order on every other pass (ar, sd, ssd, ... then ..., ssd, sd, ar). A mode's
+runs are minutes apart from another's, and this machine drifts by ~10% in that time: in one pass the last mode
+pays for a drift the first did not, in the reversed pass the first does, so a drift that is steady over the batch
+size's runs falls on all modes alike and the ratios keep it out. A share holds at least b prompts (it must fill the
+batch), so where the prompts do not split into shares of b, a pass runs b of them (wrapping around the list) and the
+batch size takes longer. Each pass's own ratios are kept beside the totals (`passes`), their spread is the noise
+left.
 """
 from __future__ import annotations
 
@@ -41,8 +50,9 @@ def _diff(after: dict, before: dict) -> dict:
     return out
 
 
-def run_mode(client: Client, prompts: list[str], mode: str, batch: int, new_tokens: int, k: int = 0) -> dict:
-    """One mode at one batch size. "sd"/"ssd" run with K pinned to k; "sd-auto"/"ssd-auto" let the router choose K."""
+def measure_mode(client: Client, prompts: list[str], mode: str, batch: int, new_tokens: int, k: int = 0) -> dict:
+    """One mode at one batch size, raw: the tokens generated, the wall time and the router's totals over the run.
+    "sd"/"ssd" run with K pinned to k; "sd-auto"/"ssd-auto" let the router choose K."""
     if mode.endswith("-auto"):
         mode, k = mode[:-len("-auto")], 0
     elif mode == "ar":
@@ -53,8 +63,25 @@ def run_mode(client: Client, prompts: list[str], mode: str, batch: int, new_toke
         results = list(pool.map(lambda p: client.generate(p, chat=True, max_tokens=new_tokens, ignore_eos=True,
                                                           mode=mode, k=k), prompts))
     wall = time.perf_counter() - t0
-    d = _diff(_totals(client), before)
-    tokens = sum(r.completion_tokens for r in results)
+    return {"tokens": sum(r.completion_tokens for r in results), "wall_s": wall,
+            "totals": _diff(_totals(client), before)}
+
+
+def add_measures(a: dict, b: dict) -> dict:
+    """Two raw measures of one mode as one (tokens, wall time and every router total summed)."""
+    def add(x, y):
+        if isinstance(x, dict):
+            return {key: add(x.get(key, 0), y.get(key, 0)) for key in {**x, **y}}
+        if isinstance(x, list):
+            n = max(len(x), len(y))
+            return [(x[i] if i < len(x) else 0) + (y[i] if i < len(y) else 0) for i in range(n)]
+        return x + y
+    return add(a, b)
+
+
+def mode_row(m: dict) -> dict:
+    """A mode's figures from its raw measure (`measure_mode`, or several summed by `add_measures`)."""
+    tokens, wall, d = m["tokens"], m["wall_s"], m["totals"]
     looked = sum(v for k, v in d["cache"].items() if k != "forced")
     row = {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall,
            "tokens_per_round": d["round_tokens"] / d["rounds"] if d["rounds"] else 0.0,
@@ -73,6 +100,26 @@ def run_mode(client: Client, prompts: list[str], mode: str, batch: int, new_toke
     tokens_per_batch = d["round_tokens"] / nb
     row["bound_tok_s"] = tokens_per_batch / row["verify_s_per_batch"] if row["verify_s_per_batch"] else 0.0
     return row
+
+
+def run_mode(client: Client, prompts: list[str], mode: str, batch: int, new_tokens: int, k: int = 0) -> dict:
+    """One mode at one batch size: its figures (`mode_row`)."""
+    return mode_row(measure_mode(client, prompts, mode, batch, new_tokens, k))
+
+
+def pass_plan(modes: list, prompts: list[str], n_prompts: int, batch: int, passes: int) -> list[tuple[list, list[str]]]:
+    """The passes at one batch size: (modes in the order they run, the prompts each mode runs in it). The first
+    max(`n_prompts`, `batch`) prompts split into `passes` shares of at least `batch` each, taken in turn along
+    `prompts` (wrapping around it where the shares hold more than those); odd passes run the modes reversed."""
+    passes = max(1, passes)
+    total = max(n_prompts, batch)
+    share = max(batch, -(-total // passes))
+    plan, start = [], 0
+    for p in range(passes):
+        chosen = [prompts[(start + i) % len(prompts)] for i in range(share)]
+        plan.append((list(modes) if p % 2 == 0 else list(reversed(modes)), chosen))
+        start += share
+    return plan
 
 
 def summary_row(per: dict) -> dict:
@@ -97,30 +144,39 @@ def summary_row(per: dict) -> dict:
 
 
 def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: int = 3, models_dir=None,
-          draft_model=None, out: Path | None = None, log=print, ks=None) -> dict:
+          draft_model=None, out: Path | None = None, log=print, ks=None, passes: int = 2) -> dict:
     """`ks`: the fixed K values SD and SSD run at (default: just `k`); the stack's draft speculates up to the
-    largest. Each batch size runs max(n_prompts, batch) prompts."""
+    largest. Each batch size runs max(n_prompts, batch) prompts per mode, in `passes` passes (`pass_plan`)."""
     ks = tuple(sorted(set(ks or (k,))))
     prompts_all = [p for _, p in PROMPTS_BY_KIND]
     cfg = StackConfig(mode="ssd", drafts=1, models_dir=models_dir, draft_model=draft_model, k=max(ks),
                       max_batch=max(batches), target_cpus="0", draft_cpus="1", router_cpus="1",
                       threads=1, log_dir=Path("bench/results/logs"))
     modes = [("ar", 0)] + [(m, kk) for kk in ks for m in ("sd", "ssd")] + [("sd-auto", 0), ("ssd-auto", 0)]
+    named = [(m if m in ("ar", "sd-auto", "ssd-auto") else f"{m}{kk}", m, kk) for m, kk in modes]
     rows: dict = {}
     with Stack(cfg) as stack, Client(stack.grpc_address, timeout=3600) as client:
         client.generate(prompts_all[0], chat=True, max_tokens=4, mode="ssd")  # warm-up
         for b in batches:
-            prompts = [prompts_all[i % len(prompts_all)] for i in range(max(n_prompts, b))]
-            per = {(m if m in ("ar", "sd-auto", "ssd-auto") else f"{m}{kk}"): run_mode(client, prompts, m, b,
-                                                                                     new_tokens, kk)
-                   for m, kk in modes}
-            r = rows[str(b)] = summary_row(per)
+            raw: dict = {}
+            by_pass = []
+            for order, prompts in pass_plan(named, prompts_all, n_prompts, b, passes):
+                this = {name: measure_mode(client, prompts, m, b, new_tokens, kk) for name, m, kk in order}
+                for name, m in this.items():
+                    raw[name] = add_measures(raw[name], m) if name in raw else m
+                pr = summary_row({name: mode_row(this[name]) for name, _, _ in named})
+                by_pass.append({"order": [name for name, _, _ in order], "prompts": len(prompts),
+                                **{key: pr[key] for key in ("auto_over_best_fixed", "auto_over_ar", "auto_over_sd")}})
+            r = rows[str(b)] = summary_row({name: mode_row(raw[name]) for name, _, _ in named})
+            r["passes"] = by_pass
             log(f"batch {b}: " + "  ".join(f"{n} {v:.1f}" for n, v in r["tok_s"].items()) +
-                f" tok/s (adaptive/best other {r['auto_over_best_fixed']:.2f}, adaptive/AR {r['auto_over_ar']:.2f}, "
+                f" tok/s (adaptive/best other {r['auto_over_best_fixed']:.2f}, by pass "
+                f"{_by_pass(by_pass)}; adaptive/AR {r['auto_over_ar']:.2f}, "
                 f"adaptive/best SD {r['auto_over_sd']:.2f}; ssd{r['ssd_k']}: hit {r['hit_rate']:.2f}, "
                 f"late {r['late_rate']:.2f}, a {r['acceptance']:.2f}, overhead {r['overhead_fraction']:.3f})")
     result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "new_tokens": new_tokens,
-              "prompts": n_prompts, "k": max(ks), "ks": list(ks), "draft": str(draft_model or "default"),
+              "prompts": n_prompts, "passes": max(1, passes), "k": max(ks), "ks": list(ks),
+              "draft": str(draft_model or "default"),
               "pinning": "target cpu 0, draft and router cpu 1, 1 torch thread each", "batch": rows}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -128,15 +184,21 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
     return result
 
 
+def _by_pass(passes: list[dict]) -> str:
+    return ", ".join(f"{p['auto_over_best_fixed']:.2f}" for p in passes)
+
+
 def markdown(result: dict) -> str:
     lines = ["| batch | AR tok/s | best SD tok/s (K) | best SSD tok/s (K) | SSD adaptive tok/s | "
-             "adaptive / best other | adaptive / AR | adaptive / best SD | a | tokens/round | hit | late | overhead |",
-             "|" + "---|" * 13]
+             "adaptive / best other | adaptive / AR | adaptive / best SD | a | tokens/round | hit | late | overhead | "
+             "adaptive / best other, by pass |",
+             "|" + "---|" * 14]
     for b, r in result["batch"].items():
         sd_k, ssd_k = r.get("sd_k", result["k"]), r.get("ssd_k", result["k"])
         lines.append(f"| {b} | {r['ar_tok_s']:.1f} | {r['sd_tok_s']:.1f} ({sd_k}) | {r['ssd_tok_s']:.1f} ({ssd_k}) | "
                      f"{r['ssd_auto_tok_s']:.1f} | {r['auto_over_best_fixed']:.2f} | "
                      f"{r['ssd_auto_tok_s'] / r['ar_tok_s']:.2f} | {r['ssd_auto_tok_s'] / r['sd_tok_s']:.2f} | "
                      f"{r['acceptance']:.2f} | {r['tokens_per_round']:.2f} | {r['hit_rate']:.2f} | "
-                     f"{r['late_rate']:.2f} | {r['overhead_fraction']:.3f} |")
+                     f"{r['late_rate']:.2f} | {r['overhead_fraction']:.3f} | "
+                     f"{_by_pass(r.get('passes', [])) or '-'} |")
     return "\n".join(lines)

@@ -21,6 +21,9 @@ def add_parser(sub) -> None:
     b.add_argument("--batches", default="1,2,4,8")
     b.add_argument("--k", type=int, default=3)
     b.add_argument("--ks", default="", help="fixed K values for SD and SSD, e.g. 1,2,3 (default: --k)")
+    b.add_argument("--passes", type=int, default=2,
+                   help="passes per batch size, the prompts split among them and the modes' order reversed on every "
+                        "other pass, so a drift of the machine falls on all modes alike (default 2)")
     b.add_argument("--models-dir", type=Path, default=None)
     b.add_argument("--draft", type=Path, default=None, help="draft model folder (default: the embedded draft)")
     b.add_argument("--out", type=Path, default=Path("bench/results/ssd.json"))
@@ -58,6 +61,6 @@ def run(args) -> int:
 
     result = bench(args.new_tokens, args.prompts, tuple(int(x) for x in args.batches.split(",")), args.k,
                    args.models_dir, args.draft, args.out,
-                   ks=tuple(int(x) for x in args.ks.split(",")) if args.ks else None)
+                   ks=tuple(int(x) for x in args.ks.split(",")) if args.ks else None, passes=args.passes)
     print(markdown(result))
     return 0
