@@ -138,8 +138,18 @@ class SpeculationPlanner:
                 self.metrics.set_speculation_k(mode, k)
 
     def observe_round(self, req, offered: int, accepted: int) -> None:
-        if req.round.source in ("cache", "jit") and req.mode in self.adaptive:
-            self.adaptive[req.mode].observe_round(offered, accepted, req.round.source)
+        """A verified round's acceptance, by where its draft tokens came from: a cache entry, a JIT for a cache miss,
+        or a plain JIT (no speculation behind it: sd's rounds, ssd's by JIT only). A plain round is fed to every
+        mode's policy: by JIT only, an ssd round is an sd round (the same draft and target), and ssd's own rounds
+        over all (its entries and its misses' JITs) accepted less than sd's plain ones."""
+        source = req.round.source
+        if source not in ("cache", "jit") or req.mode not in self.adaptive:
+            return
+        if source == "jit" and not req.round.cached:
+            for mode, policy in self.adaptive.items():
+                policy.observe_round(offered, accepted, "plain", shared=mode != req.mode)
+        else:
+            self.adaptive[req.mode].observe_round(offered, accepted, source)
 
     def observe_target_busy(self, target, start: float, end: float) -> None:
         """`target` computed a prefill (or a restore) from `start` to `end` (its reply's arrival less its compute;

@@ -3,14 +3,20 @@
 Contract
 --------
 * ``AdaptiveK(k_max, mode)`` folds in measurements as they arrive:
-  - ``observe_round(offered, accepted, source)``: one verification of ``offered`` draft tokens (from the draft:
-    cache entries or JIT, not n-gram) of which the first ``accepted`` were accepted. Kept per position as
-    the conditional acceptance ``a_i = P(token i accepted | tokens 1..i-1 accepted)``, an EMA with a prior:
-    over all rounds, and per source ("cache", "jit") once that source has been seen. In ssd mode the two differ,
-    either way: a JIT drafts for a miss (an outcome the speculation did not foresee) with the target's features, a
-    cache entry for a foreseen one without them. First position, one run at batch 4-8: JIT 0.45-0.49, cache
-    0.52-0.55; another at batch 16: JIT 0.51-0.57, cache 0.43. By JIT only every round is a JIT round, misses or
-    not: that choice is weighed with the acceptance over all rounds.
+  - ``observe_round(offered, accepted, source, shared=False)``: one verification of ``offered`` draft tokens
+    (from the draft: cache entries or JIT, not n-gram) of which the first ``accepted`` were accepted. Kept per
+    position as the conditional acceptance ``a_i = P(token i accepted | tokens 1..i-1 accepted)``, an EMA with a
+    prior: over all rounds, and per source once that source has been seen. Sources: "cache" (a cache entry, ssd),
+    "jit" (a JIT drafted for a cache miss, ssd) and "plain" (a JIT with no speculation behind it: every sd round,
+    and ssd's by JIT only). The three differ: a miss is an outcome the speculation did not foresee, and the draft
+    accepts less after one; a cache entry is drafted without the target's features. First position, one run at
+    batch 4-8: miss JIT 0.45-0.49, cache 0.52-0.55; another at batch 16: miss JIT 0.51-0.57, cache 0.43; another at
+    batch 4: miss JIT 0.48, cache 0.415, and sd's (plain) rounds 0.53. By JIT only, an ssd round is an sd round, so
+    that choice is weighed with the "plain" acceptance. Weighed with ssd's rounds over all (its cache entries and
+    its misses' JITs: 0.445 in that run) it looked 8-15% slower than it runs, so ssd kept to the cache or plain
+    decoding at batch 4 and ran 0.92x sd there (in both passes of a run). ``shared``: a plain round of the other
+    mode (the router feeds sd's plain rounds to ssd's policy and ssd's to sd's: the same draft and target draft
+    and verify them alike); it counts for that source only, not for this mode's acceptance over all rounds.
   - ``observe_verify(tokens, seconds, overhead, seqs)``: one verify batch of ``tokens`` positions (sum over its
     ``seqs`` sequences of drafted + 1), the target's compute for it and what the round trip took beyond that, kept
     in a ``CostTable``: the measured mean at each shape (n, seqs) and at each n seen recently, a line
@@ -44,7 +50,7 @@ Contract
   ``batch`` sequences (Theorem 7 with measured terms), and in ssd mode whether its rounds speculate into the cache
   (``cached``) or draft only by JIT, as sd does:
 
-      E(K) = 1 + a_1 + a_1 a_2 + ... + a_1...a_K                 (tokens per sequence per round, over all rounds;
+      E(K) = 1 + a_1 + a_1 a_2 + ... + a_1...a_K                 (tokens per sequence per round, plain rounds';
              in ssd mode from the cache h E_cache(K) + (1 - h) E_jit(K), each from its own source's rounds)
       T(K) = c(batch, K) (t_v(batch (K + 1)) + D(K))              (seconds per round; c: realized / model)
       D(K) = hop + K t_d(batch)                        in sd mode, and ssd mode by JIT only (a JIT before every verify)
@@ -91,6 +97,8 @@ from ssd.spec.backup import LinearEma
 __all__ = ["AdaptiveK", "CostTable"]
 
 PLAIN, CACHED, JIT = 0, 1, 2   # classes of rounds: K = 0, K > 0 from the speculation cache, K > 0 by JIT only
+SOURCES = ("cache", "jit", "plain")   # where a round's draft tokens came from: a cache entry, a miss's JIT, a JIT
+                                      # with no speculation behind it (sd, ssd by JIT only)
 KIND_NAMES = {PLAIN: "K=0", CACHED: "K>0 cached", JIT: "K>0"}
 HIT_TRUSTED = 50   # lookups a batch-size bucket needs before its own hit rate is used
 BORROW = {PLAIN: (JIT, CACHED), JIT: (PLAIN, CACHED), CACHED: (JIT, PLAIN)}   # an untimed class's stand-ins
@@ -168,8 +176,8 @@ class AdaptiveK:
         self.max_probe_every = max(probe_every, max_probe_every)
         self.probe_interval = probe_every
         self.acceptance = [prior_acceptance] * k_max   # conditional, per position 1..k_max, all rounds
-        self.by_source = {src: [prior_acceptance] * k_max for src in ("cache", "jit")}   # per source, once seen
-        self.seen = {"cache": 0, "jit": 0}
+        self.by_source = {src: [prior_acceptance] * k_max for src in SOURCES}   # per source, once seen
+        self.seen = {src: 0 for src in SOURCES}
         self.hit = 0.5 if mode == "ssd" else 0.0
         self.hit_by_bucket: dict[int, list[float]] = {}   # bucket -> [hit rate (EMA), lookups seen]
         self.cached = mode == "ssd"   # ssd: the choice's rounds speculate into the cache (else JIT only)
@@ -189,12 +197,14 @@ class AdaptiveK:
         return LinearEma(prior_intercept=25e-3, prior_slope=1e-3)
 
     # ---- measurements ---------------------------------------------------------------------------
-    def observe_round(self, offered: int, accepted: int, source: str | None = None) -> None:
-        if offered <= 0:
+    def observe_round(self, offered: int, accepted: int, source: str | None = None, shared: bool = False) -> None:
+        if offered <= 0 or (shared and source not in self.by_source):
             return
         d = self.decay
-        self.rounds += 1
-        vectors = [self.acceptance]
+        vectors = []
+        if not shared:
+            self.rounds += 1
+            vectors.append(self.acceptance)
         if source in self.by_source:
             self.seen[source] += 1
             vectors.append(self.by_source[source])
@@ -269,7 +279,7 @@ class AdaptiveK:
             hit = self.hit_at(batch)
             return (hit * self._expected(self._acceptance("cache"), k)
                     + (1.0 - hit) * self._expected(self._acceptance("jit"), k))
-        return self._expected(self.acceptance, k)
+        return self._expected(self._acceptance("plain"), k)
 
     def round_seconds(self, batch: int, k: int, cached: bool | None = None) -> float:
         """The model's round time corrected by what rounds of this class and batch size took (of another class, while

@@ -325,7 +325,8 @@ def test_a_requests_time_splits_into_queue_prefill_and_decode_as_the_metrics_rep
 def test_ssd_by_jit_only_sends_no_draft_round_and_each_round_takes_a_jit_while_a_pinned_k_still_speculates():
     """ssd with the adaptive choice K = 2 by JIT only (`cached` off): every round of an unpinned request drafts by
     JIT before its verify and the draft gets no DraftRound to speculate with; its rounds are marked not cached and
-    timed as such. A request that pins K keeps the speculation cache."""
+    timed as such, and their acceptance is a plain round's, for ssd's policy and (shared) sd's. A request that pins
+    K keeps the speculation cache, and the JIT of its miss counts as a miss's."""
     rig = make_sd_rig("ssd", adaptive=True, adaptive_fanout=True)
     core = rig.core
     try:
@@ -347,6 +348,9 @@ def test_ssd_by_jit_only_sends_no_draft_round_and_each_round_takes_a_jit_while_a
             assert not req.round.cached and req.round.source == "jit"
             answer(rig, verify)
         assert timed == [(2, False)] * 3
+        sd = core.planner.adaptive["sd"]
+        assert policy.seen == {"cache": 0, "jit": 0, "plain": 3} and policy.rounds == 3
+        assert sd.seen == {"cache": 0, "jit": 0, "plain": 3} and sd.rounds == 0   # shared: sd's own count stays
         pinned = core.submit("pinned", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd", k=3)
         core.take_new()
         rig.take(wire.Prefill)
@@ -358,6 +362,9 @@ def test_ssd_by_jit_only_sends_no_draft_round_and_each_round_takes_a_jit_while_a
         core.dispatch()
         rounds = rig.take(wire.DraftRound)
         assert [it.seq for r in rounds for it in r.items] == [pinned.seq] and pinned.round.cached
+        (verify,) = rig.take(wire.Verify)
+        answer(rig, verify)
+        assert policy.seen["jit"] == 1 and policy.seen["plain"] == 3 and sd.seen["plain"] == 3
     finally:
         core.shutdown("the test is over")
 

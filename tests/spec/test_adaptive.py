@@ -267,10 +267,12 @@ def test_ssd_weighs_each_k_from_the_cache_and_by_jit_only_on_what_each_measured(
         a.observe_round(3, 2, "jit")
         a.observe_round(3, 1 + i % 2, "cache")
         a.observe_lookup(True)
-    assert a.by_source["jit"][1] > 0.9 and 0.4 < a.by_source["cache"][1] < 0.6 and a.seen == {"cache": 300, "jit": 300}
+    assert a.by_source["jit"][1] > 0.9 and 0.4 < a.by_source["cache"][1] < 0.6
+    assert a.seen == {"cache": 300, "jit": 300, "plain": 0}
     hit = a.hit
     assert a.expected_tokens(2, True) == pytest.approx(hit * 2.5 + (1 - hit) * 3.0, rel=0.02)
-    assert a.expected_tokens(2, False) == pytest.approx(a._expected(a.acceptance, 2))   # by JIT only: all rounds
+    # by JIT only, before any plain round: all rounds' acceptance
+    assert a.expected_tokens(2, False) == pytest.approx(a._expected(a.acceptance, 2))
     assert a.choose(1) > 0 and a.cached                      # batch 1: from the cache
     for _ in range(300):
         a.observe_round_time(8, 3, 1.3 * a.model_seconds(8, 3, True), True)
@@ -282,6 +284,29 @@ def test_ssd_weighs_each_k_from_the_cache_and_by_jit_only_on_what_each_measured(
     sd = AdaptiveK(3, "sd")
     sd.cached = True                                         # meaningless in sd: its rounds are JIT rounds
     assert sd.kind(3) == JIT and sd.model_seconds(1, 3) == sd.model_seconds(1, 3, False)
+
+
+def test_by_jit_only_ssd_is_weighed_with_the_plain_rounds_acceptance_shared_or_its_own():
+    """An ssd round by JIT only is an sd round. In one run at batch 4 ssd's rounds over all (its cache entries and
+    its misses' JITs) accepted 0.445 at the first position and sd's plain rounds 0.53, and weighed with the first
+    ssd never chose JIT only where sd ran 1.08x faster. A plain round (its own or, shared, sd's) sets the JIT-only
+    estimate; a shared one leaves this mode's acceptance over all rounds and its round count alone."""
+    a = AdaptiveK(3, "ssd", explore_every=0)
+    timings(a, verify_c0=0.03, verify_c1=0.0008, draft_step=0.004)
+    for _ in range(400):
+        a.observe_round(3, 0, "cache")
+        a.observe_round(3, 0, "jit")
+    overall = list(a.acceptance)
+    jit_only_before = a.throughput(4, 1, False)
+    assert a.choose(4) == 0                                       # speculation looks useless...
+    for _ in range(400):
+        a.observe_round(3, 3, "plain", shared=True)               # ...but sd's plain rounds accept everything
+    assert a.acceptance == overall and a.rounds == 800 and a.seen["plain"] == 400
+    assert a.expected_tokens(3, False) == pytest.approx(4.0, rel=0.02)
+    assert a.throughput(4, 1, False) > 1.5 * jit_only_before
+    assert a.choose(4) > 0 and not a.cached                       # by JIT only, as sd runs
+    a.observe_round(3, 3, "bogus", shared=True)                   # a shared round of no known source: ignored
+    assert a.rounds == 800 and a.acceptance == overall
 
 
 def test_the_hit_rate_is_kept_per_batch_size_and_read_there_once_trusted():
