@@ -24,7 +24,9 @@ unset, the same modes and batches, 2026-12-05;
 `bench/results/probe_ab.jsonl`: one-sequence probes, ragged verifies carried flat and the adaptive policy's JIT-only
 class, 713f28a against 5c2dfb5, ar, sd-auto and ssd-auto at batches 4, 8 and 16, 2026-12-05;
 `bench/results/probe_ab_b12.jsonl`: the same with the per-batch-size hit rate too, 713f28a against 6a85dd4, batches 1
-and 2.)
+and 2;
+`bench/results/plain_source_ab.jsonl`: the policy's plain-round acceptance, eab8f8d's code against ffcda83, ar,
+sd-auto and ssd-auto at batches 1-16, 2026-12-05.)
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ Contract
     batch 4-8: miss JIT 0.45-0.49, cache 0.52-0.55; another at batch 16: miss JIT 0.51-0.57, cache 0.43; another at
     batch 4: miss JIT 0.48, cache 0.415, and sd's (plain) rounds 0.53. By JIT only, an ssd round is an sd round, so
     that choice is weighed with the "plain" acceptance. Weighed with ssd's rounds over all (its cache entries and
-    its misses' JITs: 0.445 in that run) it looked 8-15% slower than it runs, so ssd kept to the cache or plain
+    its misses' JITs: 0.445 in that run) it looked 6-8% slower than it runs, so ssd kept to the cache or plain
     decoding at batch 4 and ran 0.92x sd there (in both passes of a run). ``shared``: a plain round of the other
     mode (the router feeds sd's plain rounds to ssd's policy and ssd's to sd's: the same draft and target draft
     and verify them alike); it counts for that source only, not for this mode's acceptance over all rounds.
