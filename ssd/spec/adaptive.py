@@ -8,8 +8,8 @@ Contract
     position as the conditional acceptance ``a_i = P(token i accepted | tokens 1..i-1 accepted)``, an EMA with a
     prior: over all rounds, and per source once that source has been seen. Sources: "cache" (a cache entry, ssd),
     "jit" (a JIT drafted for a cache miss, ssd) and "plain" (a JIT with no speculation behind it: every sd round,
-    and ssd's by JIT only). The three differ: a miss is an outcome the speculation did not foresee, and the draft
-    accepts less after one; a cache entry is drafted without the target's features. First position, one run at
+    and ssd's by JIT only). The three differ: a miss is an outcome the speculation did not foresee, after which
+    the draft can accept less; a cache entry is drafted without the target's features. First position, one run at
     batch 4-8: miss JIT 0.45-0.49, cache 0.52-0.55; another at batch 16: miss JIT 0.51-0.57, cache 0.43; another at
     batch 4: miss JIT 0.48, cache 0.415, and sd's (plain) rounds 0.53. By JIT only, an ssd round is an sd round, so
     that choice is weighed with the "plain" acceptance. Weighed with ssd's rounds over all (its cache entries and
