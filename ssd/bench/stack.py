@@ -162,8 +162,8 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
             by_pass = []
             for order, prompts in pass_plan(named, prompts_all, n_prompts, b, passes):
                 this = {name: measure_mode(client, prompts, m, b, new_tokens, kk) for name, m, kk in order}
-                for name, m in this.items():
-                    raw[name] = add_measures(raw[name], m) if name in raw else m
+                for name, measure in this.items():
+                    raw[name] = add_measures(raw[name], measure) if name in raw else measure
                 pr = summary_row({name: mode_row(this[name]) for name, _, _ in named})
                 by_pass.append({"order": [name for name, _, _ in order], "prompts": len(prompts),
                                 **{key: pr[key] for key in ("auto_over_best_fixed", "auto_over_ar", "auto_over_sd")}})

@@ -22,9 +22,9 @@ Contract
     in a ``CostTable``: the measured mean at each shape (n, seqs) and at each n seen recently, a line
     ``t_v(n) = c0 + c1 n`` (``LinearEma``) for the others. Per shape first: 16 positions as 16 x 1 (0.0505 s in
     one run) and as 8 x 2 or 4 x 4 (attention over longer rows) cost differently, and a mean over all of them
-    (0.0587) made plain decoding at batch 16 look dearer than it was and K = 1 chosen where it ran below plain. A table, because the cost
-    is not a line in n on a CPU: a 2-row matmul can cost what a 1-row one does and a 3-row one half again
-    (ssd/models/linear.py), and that step decides between K = 1 and K = 3 at batch 1.
+    (0.0587) made plain decoding at batch 16 look dearer than it was and K = 1 chosen where it ran below plain.
+    A table, because the cost is not a line in n on a CPU: a 2-row matmul can cost what a 1-row one does and a
+    3-row one half again (ssd/models/linear.py), and that step decides between K = 1 and K = 3 at batch 1.
   - ``observe_draft_step(batch, seconds)``: one draft step (a JIT batch's time / K): a line in the batch size.
   - ``observe_jit(roundtrip, compute)``: one JIT as the router saw it; what the round trip took beyond the
     draft's compute (the hop: ZeroMQ, the draft's queue) is kept as a mean.
