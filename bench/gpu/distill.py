@@ -86,6 +86,10 @@ def parse(argv=None) -> argparse.Namespace:
                     help="draft decoder layers (with --init-from a draft of fewer: the new ones start as identities)")
     ap.add_argument("--correction-weight", type=float, default=0.0,
                     help="extra loss weight of chains starting right after a draft error (where rounds start)")
+    ap.add_argument("--depth", type=int, default=3,
+                    help="unroll depth of training (an ssd cache entry after a full acceptance reads the draft's own "
+                         "features up to 2K + 1 deep)")
+    ap.add_argument("--depth-decay", type=float, default=0.8, help="loss weight of depth k: decay^(k-1)")
     ap.add_argument("--eval-seqs", type=int, default=256, help="held-out shard sequences scored")
     ap.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts answered (default all 20)")
     ap.add_argument("--eval-new-tokens", type=int, default=192, help="answer length on the held-out prompts")
@@ -242,7 +246,7 @@ def training(run: Run, target_dir: Path, data_dir: Path, train_dir: Path, data: 
                       schedule="steps" if args.smoke else "minutes", seed=args.seed, bf16=True, held_out_shards=1,
                       reload_every=0, checkpoint_every=args.checkpoint_every, device=args.device,
                       init_from=str(args.init_from or ""), layers=args.layers,
-                      correction_weight=args.correction_weight)
+                      correction_weight=args.correction_weight, depth=args.depth, depth_decay=args.depth_decay)
     run.log(f"training: {minutes:.1f} minutes, batch {cfg.batch}, lr {cfg.lr}, on {cfg.device}")
     meta = {"command": "bash bench/gpu/distill.sh" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else ""),
             "procedure": f"GPU recipe (bench/gpu/distill.py) on {run.result['device']}: teacher data generated "

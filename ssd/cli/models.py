@@ -34,6 +34,10 @@ def add_parser(sub) -> None:
                       help="the learning rate's cosine runs over --steps, or over the --minutes budget")
     dist.add_argument("--correction-weight", type=float, default=0.0,
                       help="extra loss weight of chains starting right after a draft error (where rounds start)")
+    dist.add_argument("--depth", type=int, default=3,
+                      help="unroll depth: the draft trains on its own outputs this many positions deep (an ssd cache "
+                           "entry after a full acceptance at K = 3 runs up to 7 past the last target feature)")
+    dist.add_argument("--depth-decay", type=float, default=0.8, help="loss weight of depth k: decay^(k-1)")
     dist.add_argument("--lr", type=float, default=1e-3)
     dist.add_argument("--seed", type=int, default=0)
     dist.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -90,7 +94,8 @@ def cmd_distill(args) -> int:
     if args.stage in ("train", "all"):
         cfg = TrainConfig(steps=args.steps, minutes=args.minutes, lr=args.lr, seed=args.seed, bf16=not args.no_bf16,
                           follow=args.follow, init_from=str(args.init_from or ""),
-                          layers=args.layers, schedule=args.schedule, correction_weight=args.correction_weight)
+                          layers=args.layers, schedule=args.schedule, correction_weight=args.correction_weight,
+                          depth=args.depth, depth_decay=args.depth_decay)
         train(target, data, run, cfg)
         if args.export:
             export(run, args.export, {"command": "ssd " + " ".join(sys.argv[1:]) if sys.argv[1:] else "ssd models distill",

@@ -59,6 +59,10 @@ class TrainConfig:
     def __post_init__(self):
         if self.schedule not in ("steps", "minutes"):
             raise ValueError(f"schedule must be 'steps' or 'minutes', got {self.schedule!r}")
+        if self.depth < 1:
+            raise ValueError(f"depth must be >= 1, got {self.depth}")
+        if not 0 < self.depth_decay <= 1:
+            raise ValueError(f"depth_decay must be in (0, 1], got {self.depth_decay}")
 
 
 # ---------------------------------------------------------------------------------------------- model

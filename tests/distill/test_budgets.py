@@ -41,3 +41,9 @@ def test_the_minutes_schedule_decays_over_the_time_budget_not_the_steps():
 def test_an_unknown_schedule_is_refused():
     with pytest.raises(ValueError, match="schedule"):
         TrainConfig(schedule="epochs")
+
+
+@pytest.mark.parametrize("bad", [{"depth": 0}, {"depth_decay": 0.0}, {"depth_decay": 1.5}])
+def test_an_unroll_depth_or_decay_out_of_range_is_refused(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        TrainConfig(**bad)

@@ -29,10 +29,10 @@ def _run(tmp_path, models_dir, timeout: int, *args: str, **env):
 
 
 def test_the_smoke_path_leaves_an_installable_draft_its_history_and_a_summary(default_models, tmp_path):
-    # a two-layer draft with the loss weighted after draft errors: the recipe's options reach its training;
-    # two generator processes share the teacher data's shards
+    # a two-layer draft with the loss weighted after draft errors, unrolled 5 deep: the recipe's options reach its
+    # training; two generator processes share the teacher data's shards
     r = _run(tmp_path, default_models["target"].parent, 600, "--layers", "2", "--correction-weight", "1",
-             "--gen-procs", "2", SSD_GPU_DISTILL_SMOKE="1")
+             "--depth", "5", "--depth-decay", "0.9", "--gen-procs", "2", SSD_GPU_DISTILL_SMOKE="1")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "== gpu_distill ==" in r.stdout
     out = tmp_path / "out"
@@ -51,6 +51,7 @@ def test_the_smoke_path_leaves_an_installable_draft_its_history_and_a_summary(de
     assert provenance == meta and provenance["steps"] == "2" and provenance["command"].startswith("bash bench/gpu")
     train_config = json.loads(provenance["train_config"])
     assert (train_config["device"], train_config["layers"], train_config["correction_weight"]) == ("cpu", 2, 1.0)
+    assert (train_config["depth"], train_config["depth_decay"]) == (5, 0.9)
     assert len(draft.layers) == 2
 
     # what `ssd models prepare` does with a shipped draft: a model folder the loader reads as a FeatureDraft
