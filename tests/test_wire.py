@@ -45,7 +45,8 @@ EXAMPLES = [
     DraftAdd(items=[DraftAddItem(seq=1, tokens=[1, 2, 3, 42], params=DRAFT_PARAMS, features=(0, HALVES)),
                     DraftAddItem(seq=2, tokens=[1], params=DRAFT_PARAMS, features=None),
                     DraftAddItem(seq=3, tokens=[5, 6], params=COUPLED, prompt_len=1)]),
-    DraftRound(items=[DraftRoundItem(seq=1, round=3, delta=[11], spec=[3, 17, 40, 0], features=(4, HALVES))],
+    DraftRound(items=[DraftRoundItem(seq=1, round=3, delta=[11], spec=[3, 17, 40, 0], features=(4, HALVES)),
+                      DraftRoundItem(seq=2, round=5, delta=[], spec=[7], depth=1)],
                fanout=[3, 2, 2, 1]),
     CacheEntries(seq=1, round=4, entries=[CacheEntry(accepted=0, token=3, tokens=[17, 40], proposal=[ROW_A, ROW_A]),
                                           CacheEntry(accepted=2, token=9, tokens=[1], proposal=None)],
@@ -156,7 +157,7 @@ def test_oversized_payload_is_refused_before_unpacking():
 
 
 def test_wrong_version_names_both_versions():
-    assert PROTOCOL_VERSION == 7
+    assert PROTOCOL_VERSION == 8
     message = rejects(frames(Ping, 1, version=2), "Ping", "version 2", f"version {PROTOCOL_VERSION}")
     assert "not supported" in message
     rejects(frames(Ping, 1, version="1"), "Ping", "version str '1'")
@@ -177,7 +178,10 @@ def test_field_rejections_name_message_and_field():
     rejects(frames(Outcomes, 1, [], 0.1), "Outcomes: expected the 5 fields", "got 3 values")   # a version-1 payload
     rejects(frames(Ready, "router", "m", "h", 1, 1, 1, [], 0), "Ready.role: expected one of ('target', 'draft')")
     rejects(frames(Prefilled, [[1, 2, 3]], 0.1, [], [], []), "Prefilled.items[0]: expected an array of 2")
-    rejects(frames(DraftRound, [[1, 0, [5], [1, 2**31], None]], []), "DraftRound.items[0].spec[1]", "2**31")
+    rejects(frames(DraftRound, [[1, 0, [5], [1, 2**31], None, 0]], []), "DraftRound.items[0].spec[1]", "2**31")
+    rejects(frames(DraftRound, [[1, 0, [5], [1], None, -1]], []), "DraftRound.items[0].depth")
+    rejects(frames(DraftRound, [[1, 0, [5], [1], None]], []), "DraftRound.items[0]: expected the 6 fields",
+            "got 5 values")   # a version-7 item
     rejects(frames(DraftRound, []), "DraftRound: expected the 2 fields", "got 1 values")   # a version-2 payload
     rejects(frames(DraftRound, [], [2, "1"]), "DraftRound.fanout[1]: expected an int")
     spec = [0.5, 0, 1.0, 0.0, None, 0.0, 0.0, 1.0, [], 0, [], None, False, "", "", None]
@@ -216,7 +220,7 @@ def test_feature_rejections():
     rejects(frames(DraftAdd, [add + [None, -1]]), "DraftAdd.items[0].prompt_len")
     rejects(frames(DraftAdd, [[1, [1], add[2][:8] + [3, ""], None, 0]]), "DraftAdd.items[0].params.constraint_kind")
     rejects(frames(Jit, 1, [[1, [], 4, [0, b"\x00" * 5]]]), "Jit.items[0].features[1]", "even number")
-    rejects(frames(DraftRound, [[1, 0, [], [], [0, b"\x00", b"\x00"]]], []), "DraftRound.items[0].features")
+    rejects(frames(DraftRound, [[1, 0, [], [], [0, b"\x00", b"\x00"], 0]], []), "DraftRound.items[0].features")
     big = [frames(Jit, 1, [[1, [], 4, [0, b"\x00" * 64]]])[0],
            msgpack.packb([PROTOCOL_VERSION, 1, [[1, [], 4, [0, b"\x00" * 64]]]], use_bin_type=True)]
     rejects(big, "exceeds max_frame_bytes=32", max_frame_bytes=32)

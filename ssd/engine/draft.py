@@ -312,16 +312,26 @@ class DraftWorker(BranchDecoding):
             raise ValueError(f"fanout {f} sums to {sum(f)}, more than this draft's budget {sum(self.fanout)}")
         return f
 
-    def speculate(self, items: list[tuple[int, list[int]]],
-                  fanouts: dict | None = None) -> dict[int, list[CacheEntry]]:
+    def check_depth(self, depth) -> int:
+        """A chain length this draft can grow: 1..K, or 0 for K. Raises ValueError naming what is wrong."""
+        if not isinstance(depth, int) or not 0 <= depth <= self.k:
+            raise ValueError(f"depth must be 0 (the draft's K) or 1..K = 1..{self.k}, got {depth}")
+        return depth or self.k
+
+    def speculate(self, items: list[tuple[int, list[int]]], fanouts: dict | None = None,
+                  depths: dict | None = None) -> dict[int, list[CacheEntry]]:
         """For each (seq_id, speculation being verified): its cache entries, one per anticipated outcome (j, t*).
-        `fanouts` (seq_id -> F_0..F_K, checked by `check_fanout`) replaces the draft's own for those sequences."""
+        `fanouts` (seq_id -> F_0..F_K, checked by `check_fanout`) replaces the draft's own for those sequences;
+        `depths` (seq_id -> 1..K, checked by `check_depth`; 0 or absent: K) is the length of their chains (the K of
+        their next round: a longer chain would be cut by the router, its steps spent for nothing)."""
         t0 = time.perf_counter()
         specs = dict(items)
         fans = {i: self.check_fanout(f) for i, f in (fanouts or {}).items() if i in specs}
+        deep = {i: self.check_depth(d) for i, d in (depths or {}).items() if i in specs}
         out = {}
         for group in self._groups([i for i, _ in items]):
-            out |= self._speculate([(i, specs[i]) for i in group], [fans.get(i, self.fanout) for i in group])
+            out |= self._speculate([(i, specs[i]) for i in group], [fans.get(i, self.fanout) for i in group],
+                                   [deep.get(i, self.k) for i in group])
         self.last_speculate_s = time.perf_counter() - t0
         return out
 

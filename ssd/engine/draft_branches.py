@@ -34,8 +34,9 @@ class BranchDecoding:
     uses."""
 
     @torch.inference_mode()
-    def _speculate(self, items: list[tuple[int, list[int]]],
-                   fanouts: list[list[int]]) -> dict[int, list[CacheEntry]]:
+    def _speculate(self, items: list[tuple[int, list[int]]], fanouts: list[list[int]],
+                   depths: list[int] | None = None) -> dict[int, list[CacheEntry]]:
+        """`depths`: each sequence's chain length (1..K; None: K for all)."""
         seqs = [self.seqs[i] for i, _ in items]
         specs = [list(s) for _, s in items]
         rows, starts = self._catch_up_rows(seqs)
@@ -62,7 +63,7 @@ class BranchDecoding:
             forks_per_seq = grammar.keep_allowed(forks_per_seq, specs, allowed)
         for s, sp, forks in zip(seqs, specs, forks_per_seq):
             self.cache.ensure(s.slot, len(s.tokens) + len(sp) + 1 + len(forks) * self.k, scratch=True)
-        entries = self._grow_branches(seqs, specs, forks_per_seq, glue_feats)
+        entries = self._grow_branches(seqs, specs, forks_per_seq, glue_feats, depths or [self.k] * len(seqs))
         for s, sp in zip(seqs, specs):
             self.cache.trim(s.slot, len(s.tokens) + len(sp))
         return {seq_id: e for (seq_id, _), e in zip(items, entries)}
@@ -126,10 +127,14 @@ class BranchDecoding:
         logits = self.model.logits(torch.stack([h for row in hs for h in row]))
         return logits, [torch.stack(o) for o in outs]
 
-    def _grow_branches(self, seqs, specs, forks_per_seq, glue_feats=None) -> list[list[CacheEntry]]:
-        """K batched steps; row b holds all branches of sequence b as its queries. A feature draft's branch
-        reads the glue output where it forks, then its own previous output."""
+    def _grow_branches(self, seqs, specs, forks_per_seq, glue_feats=None,
+                       depths: list[int] | None = None) -> list[list[CacheEntry]]:
+        """Batched steps, as many as the longest of `depths` (each sequence's chain length, at most K; None: K);
+        row b holds all branches of sequence b as its queries. A feature draft's branch reads the glue output where
+        it forks, then its own previous output. Chains are laid out K columns apart whatever their length."""
         B, K = len(seqs), self.k
+        depths = [K] * B if depths is None else depths
+        steps = max(depths, default=K)
         nb = [len(f) for f in forks_per_seq]
         width = max(nb, default=0)
         if width == 0:
@@ -159,7 +164,7 @@ class BranchDecoding:
             for b, f in enumerate(forks_per_seq):
                 if f:
                     feats[b, :len(f)] = glue_feats[b][torch.tensor([j for j, _ in f], device=dev)]
-        for d in range(K):
+        for d in range(steps):
             cols = cols0 + d
             mask = seen | (after_start & (col <= cols[:, :, None]))
             fb = ForwardBatch(ids, (prefix + d).to(dev), slots, kv_len, valid_d, cols.to(dev), mask.to(dev))
@@ -183,12 +188,15 @@ class BranchDecoding:
                     if support is not None:
                         props[b][i].append(support[r])
                     r += 1
-            if d + 1 < K:
+            if d + 1 < steps:
                 ids = ids.masked_scatter(valid_d, torch.tensor(tokens, dtype=torch.long, device=dev))
+        for b in range(B):   # a sequence of a shorter depth than the group's keeps its own
+            chains[b] = [c[:depths[b]] for c in chains[b]]
+            props[b] = [p[:depths[b]] for p in props[b]]
         if outputs:
-            along = torch.stack(outputs, dim=2)   # [B, width, K, F]
+            along = torch.stack(outputs, dim=2)   # [B, width, steps, F]
             for b, forks in enumerate(forks_per_seq):
-                table = {(*specs[b][:j], t): (chains[b][i], along[b, i]) for i, (j, t) in enumerate(forks)}
+                table = {(*specs[b][:j], t): (chains[b][i], along[b, i, :depths[b]]) for i, (j, t) in enumerate(forks)}
                 seqs[b].chains = Chains(L[b], len(specs[b]) + 1, table)
         out = []
         for b, forks in enumerate(forks_per_seq):

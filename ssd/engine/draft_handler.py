@@ -19,6 +19,8 @@ sequence and is ignored (the tokens still apply). An ordinary draft ignores feat
 A `DraftRound` may carry a fan-out (the router's online fan-out, F_0..F_K): its rounds fork that many
 candidates per position instead of the draft's own. One the draft cannot run (not K+1 counts, or over the
 budget its scratch space is sized for) gets `Error(invalid_argument)` and those rounds use the draft's own.
+Each item may name a depth (`DraftRoundItem.depth`, 1..K): its chains grow only that many tokens, the K its next
+round runs. A depth past the draft's K gets `Error(invalid_argument)` for its sequence, whose chains then grow K.
 """
 from __future__ import annotations
 
@@ -74,7 +76,7 @@ class DraftHandler(Handler):
 
     def handle(self, batch) -> None:
         jits: dict = {}    # key -> (peer, batch_id, seq, room)
-        rounds: dict = {}  # key -> (peer, seq, round, spec, fanout or None)
+        rounds: dict = {}  # key -> (peer, seq, round, spec, fanout or None, depth)
         vocab = self.worker.model.cfg.vocab_size
         for peer, msg in batch:
             if isinstance(msg, wire.DraftAdd):
@@ -113,8 +115,14 @@ class DraftHandler(Handler):
                     except ValueError as e:
                         self._error(peer, "invalid_argument", f"{e}; this round uses the draft's own")
                 for it in msg.items:
-                    if self._commit(peer, it.seq, it.delta, it.features, it.spec):
-                        rounds[(peer, it.seq)] = (peer, it.seq, it.round, list(it.spec), fanout)
+                    if not self._commit(peer, it.seq, it.delta, it.features, it.spec):
+                        continue
+                    try:
+                        depth = self.worker.check_depth(it.depth)
+                    except ValueError as e:
+                        self._error(peer, "invalid_argument", f"{e}; this round grows chains of the draft's K", it.seq)
+                        depth = self.worker.k
+                    rounds[(peer, it.seq)] = (peer, it.seq, it.round, list(it.spec), fanout, depth)
             else:
                 self._error(peer, "unexpected_message", f"the draft does not handle {type(msg).__name__}")
         if jits:
@@ -139,7 +147,8 @@ class DraftHandler(Handler):
         t0 = time.perf_counter()
         keys = list(rounds)
         published = self.worker.speculate([(key, rounds[key][3]) for key in keys],
-                                          {key: rounds[key][4] for key in keys if rounds[key][4] is not None})
+                                          {key: rounds[key][4] for key in keys if rounds[key][4] is not None},
+                                          {key: rounds[key][5] for key in keys})
         elapsed = time.perf_counter() - t0
         for key in keys:
             peer, seq, rnd, *_ = rounds[key]

@@ -36,7 +36,8 @@ class Dispatcher:
             rnd.drafted = r.draft is not None and r.draft.alive and core.planner.drafts_next_round(r)
             if rnd.drafted:
                 rounds.setdefault(r.draft, []).append(
-                    wire.DraftRoundItem(r.seq, rnd.number + 1, core.delta(r), rnd.tokens, core.features.take(r)))
+                    wire.DraftRoundItem(r.seq, rnd.number + 1, core.delta(r), rnd.tokens, core.features.take(r),
+                                        core.planner.draft_depth(r)))
         for t, reqs in verifies.items():
             batch_id = core.batches.verify_sent(t, sum(len(r.round.tokens) + 1 for r in reqs))
             for r in reqs:

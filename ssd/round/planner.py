@@ -112,6 +112,22 @@ class SpeculationPlanner:
         self._probe_turn[mode] = turn + PROBE_SEQUENCES
         return frozenset(seqs[(turn + i) % len(seqs)] for i in range(PROBE_SEQUENCES))
 
+    def draft_depth(self, req) -> int:
+        """How long the chains of the sequence's DraftRound should be: the K its next round is expected to run (a
+        pinned K; the adaptive choice, or the neighbour above it when the mode's next decision is due to explore
+        upward), 0 (the draft's own K) without an adaptive policy. An entry longer than its round's K is cut by the
+        router, so the steps past it were spent for nothing: at K = 1 of 3, two of the three branch steps. A guess
+        that falls short (the choice moved before the outcome came) only shortens that one round."""
+        if req.pinned_k:
+            return min(req.pinned_k, self.k)
+        policy = self.adaptive.get(req.mode)
+        if policy is None:
+            return 0
+        k = self.choice.get(req.mode, self.k)
+        if k == 0:   # a probe's round: the next one runs K = 0 and reads no entry, unless the choice comes back
+            return 1
+        return min(self.k, max(k, policy.explore_peek(self.since_explore[req.mode] + 1, k) or 0))
+
     def drafts_next_round(self, req) -> bool:
         """Whether the draft speculates during this round's verify (ssd, K may be above 0 next round, and the
         adaptive policy has not chosen to draft by JIT only)."""

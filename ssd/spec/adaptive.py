@@ -347,6 +347,12 @@ class AdaptiveK:
         self._explore_up = not self._explore_up
         return k + 1 if self._explore_up and k < self.k_max else k - 1
 
+    def explore_peek(self, rounds_since_explore: int, k: int) -> int | None:
+        """What `explore(rounds_since_explore, k)` would return, changing nothing."""
+        if not self.explore_every or k <= 0 or rounds_since_explore < self.explore_every:
+            return None
+        return k + 1 if not self._explore_up and k < self.k_max else k - 1
+
     def summary(self, batch: int) -> dict:
         """What the choice at `batch` rests on (for logs; changes nothing)."""
         return {"cached": self.cached,

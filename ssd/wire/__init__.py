@@ -36,7 +36,7 @@ Contract
   ``SamplingSpec.seed_stream`` and the ``coupled``, ``top_p`` and ``min_p`` of ``DraftParamsSpec``; in version 6
   ``SamplingSpec.constraint_kind`` and ``constraint``, a structured-output grammar; in version 7
   ``SamplingSpec.prompt_logprobs``, ``Prefilled.prompt_logprobs``, ``DraftParamsSpec.constraint_kind`` and
-  ``constraint``, and ``DraftAddItem.prompt_len``) come last and have
+  ``constraint``, and ``DraftAddItem.prompt_len``; in version 8 ``DraftRoundItem.depth``) come last and have
   defaults (0, False, empty, None, no penalty), so a message built without them means "no features" ("the
   draft's own fan-out", "no penalty", "no logprobs"); on the wire every field is always present.
 * The codec checks each field, not relations between fields (rows vs tokens): those are the receivers'.

@@ -17,7 +17,7 @@ from ssd.wire.kinds import MAX_FRAME_BYTES, MAX_TOKENS, WireError, _Array, _Bad,
 if TYPE_CHECKING:
     from ssd.wire import Message
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 MAX_ARRAYS = 1 << 18         # msgpack arrays per payload (an empty array is 1 byte on the wire, 56 in memory)
 
 

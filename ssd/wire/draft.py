@@ -48,7 +48,7 @@ class DraftAdd:
     items: list[DraftAddItem]
 
 
-@_wire(seq=ID, round=ID, delta=TOKENS, spec=TOKENS, features=FEATURES)
+@_wire(seq=ID, round=ID, delta=TOKENS, spec=TOKENS, features=FEATURES, depth=ID)
 @dataclass(slots=True)
 class DraftRoundItem:
     seq: int
@@ -56,6 +56,8 @@ class DraftRoundItem:
     delta: list[int]   # tokens committed since the last message about seq
     spec: list[int]    # the speculation now being verified
     features: Features | None = None   # the target's features received since the last message about seq
+    depth: int = 0     # version 8: tokens per cache entry, the K the sequence's next round is to run (1..K; 0: the
+                       # draft's K); a chain is never longer than its round verifies
 
 
 @_wire(0x31, items=_items(DraftRoundItem), fanout=_Ints("MAX_ROWS", 63))

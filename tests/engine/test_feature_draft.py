@@ -192,3 +192,45 @@ def test_sampled_ssd_with_a_feature_draft_follows_the_targets_distribution(tmp_p
     stats = engine.stats
     assert 0 < stats.acceptance_rate < 1 and stats.cache.get("hit", 0) > 0
     assert engine.draft.stepwise_glues == 0   # every speculation was the draft's own: the one-forward glue
+
+
+def test_a_round_depth_grows_shorter_chains_in_fewer_steps_and_a_hit_on_one_reads_its_outputs(pair):
+    """`depths` (the K the next round runs): the chains grow only that many tokens, in that many branch steps, and
+    are the prefixes of the full-depth ones; one group may mix depths (the longest sets the steps). After a hit on
+    a short entry the glue still reads the outputs its branch computed (one forward). A depth past K is refused."""
+    target, draft = pair
+    prompts = [list(range(3, 35)), list(range(40, 70))]
+    params = DraftParams(1.0, 16, seed=5)   # sampled: the proposals are cut with the chains
+
+    def worker():
+        w = DraftWorker(draft, 2, 256, 3, [2, 2, 2, 2])
+        for i, p in enumerate(prompts):
+            w.add(i, p, params, _target_features(target, p))
+        return w, [w.jit([i], 3)[0].tokens for i in range(2)]
+
+    w, specs = worker()
+    full = w.speculate([(0, specs[0]), (1, specs[1])])
+    for depths, steps in (({0: 1, 1: 1}, 1), ({0: 1, 1: 3}, 3), ({0: 2, 1: 0}, 3)):
+        w, specs = worker()
+        calls = _forwards(w)
+        short = w.speculate([(0, specs[0]), (1, specs[1])], depths=depths)
+        assert len(calls) == 1 + steps, depths
+        for i in (0, 1):
+            d = depths[i] or 3
+            assert [(e.accepted, e.token) for e in short[i]] == [(e.accepted, e.token) for e in full[i]]
+            assert [e.tokens for e in short[i]] == [e.tokens[:d] for e in full[i]], (depths, i)
+            assert all(len(e.proposal) == d for e in short[i])
+
+    w, specs = worker()
+    entries = w.speculate([(0, specs[0])], depths={0: 1})[0]
+    e = next(x for x in entries if x.accepted == 1)
+    committed = prompts[0] + specs[0][:1] + [e.token]
+    full_feats = _target_features(target, committed)
+    n = len(prompts[0])
+    w.commit(0, specs[0][:1] + [e.token], FeatureBlock(n - 1, full_feats.rows[n - 1:len(committed) - 1]))
+    calls = _forwards(w)
+    again = w.speculate([(0, e.tokens)], depths={0: 1})[0]
+    assert len(calls) == 1 + 1 and {len(x.tokens) for x in again} == {1}
+    for bad in (4, -1):
+        with pytest.raises(ValueError, match="depth must be 0"):
+            w.speculate([(0, e.tokens)], depths={0: bad})

@@ -574,3 +574,43 @@ def test_a_batch_explores_a_neighbouring_k_together():
         assert run_rounds(rig, reqs, 8) == [2, 2, 3, 2, 1, 2, 3, 2]
     finally:
         core.shutdown("the test is over")
+
+
+def test_a_draft_round_asks_for_chains_as_long_as_the_next_rounds_k():
+    """ssd, adaptive K = 2 from the cache: each DraftRound item's depth is the K the sequence's next round runs,
+    the explore round upward included (the draft then grows no chain steps a round would cut); an explore round
+    downward runs from entries of the choice's length, cut by the router. A pinned K asks for that K, and with no
+    adaptive policy the draft's own (0)."""
+    rig = make_sd_rig("ssd", adaptive=True)
+    core = rig.core
+    try:
+        policy = core.planner.adaptive["ssd"]
+        core.planner.choice["ssd"], policy.cached, policy.explore_every = 2, True, 3
+        core.planner.adapt = lambda batch: None
+        req, = ssd_admit(rig, "d")
+        core.on_message(rig.target, wire.Prefilled([(req.seq, 9)], 0.01, []))
+        core.dispatch()
+        for jit in rig.take(wire.Jit):       # the forced miss after prefill
+            jit_answer(rig, jit)
+        depths, ks = [], []
+        for _ in range(8):
+            core.dispatch()
+            (verify,), (draft_round,) = rig.take(wire.Verify), rig.take(wire.DraftRound)
+            depths.append(draft_round.items[0].depth)
+            answer(rig, verify)              # no entries came: a miss, whose JIT drafts the next round's K
+            core.dispatch()
+            (jit,) = rig.take(wire.Jit)
+            ks.append(jit.items[0].room)
+            jit_answer(rig, jit)
+        assert 3 in ks and 1 in ks
+        assert depths == [max(k, 2) for k in ks], (depths, ks)
+        pinned = core.submit("pinned", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd", k=1)
+        assert core.planner.draft_depth(pinned) == 1
+    finally:
+        core.shutdown("the test is over")
+    fixed = make_sd_rig("ssd", adaptive=False)
+    try:
+        req, = ssd_admit(fixed, "f")
+        assert fixed.core.planner.draft_depth(req) == 0
+    finally:
+        fixed.core.shutdown("the test is over")

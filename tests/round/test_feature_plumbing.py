@@ -261,6 +261,22 @@ def test_draft_takes_features_and_answers_malformed_ones_with_an_error(feature_d
     assert ordinary.feature_size == 0 and ep.take() == [] and (PEER, 1) in ordinary
 
 
+def test_a_draft_round_item_names_its_chains_depth_and_a_depth_past_k_is_an_error(default_models):
+    worker = DraftWorker(load_model(default_models["layer_draft"]), 4, 256, 3, [2, 1, 1, 1])
+    ep = FakeEndpoint()
+    handler = DraftHandler(worker, ep)
+    tokens = [1, 504, 3365, 28, 253]
+    handler.handle([(PEER, wire.DraftAdd([wire.DraftAddItem(s, tokens, DRAFT_GREEDY) for s in (1, 2, 3)]))])
+    handler.handle([(PEER, wire.DraftRound([wire.DraftRoundItem(1, 1, [7], [9, 9], depth=1),
+                                            wire.DraftRoundItem(2, 1, [7], [9, 9], depth=4),
+                                            wire.DraftRoundItem(3, 1, [7], [9, 9])]))])
+    replies = ep.take()
+    err, = [m for m in replies if isinstance(m, wire.Error)]
+    assert (err.code, err.seq) == ("invalid_argument", 2) and "depth must be" in err.message
+    lengths = {m.seq: {len(e.tokens) for e in m.entries} for m in replies if isinstance(m, wire.CacheEntries)}
+    assert lengths == {1: {1}, 2: {3}, 3: {3}}   # the refused depth and no depth: the draft's K
+
+
 def test_tensor_parallel_leader_and_followers_make_the_same_calls_features_included():
     class Worker:
         last_features = {"leader's": "block"}
