@@ -9,10 +9,11 @@ hits both alike:
     for d in bfloat16 float32 bfloat16; do python bench/ab_stack.py $d --batches 1 --modes ssd,sd,ar,ssd-auto,sd-auto \
         --draft-dtype $d; done > ab.jsonl
 
-Modes are `run_mode`'s (ar, sd and ssd at K = 3, sd-auto and ssd-auto at the router's K). Each line: tok/s, and the
-router's totals over the run (rounds, verify batches `vb`, drafted positions `offered`, the target's verify seconds
-and their round trips, JIT batches and seconds, cache lookups by outcome, tokens per round), with the verify and
-the draft round per batch and the hit rate.
+Modes are `run_mode`'s (ar, sd and ssd at K = 3, sd-auto and ssd-auto at the router's K); sd and ssd take another
+pinned K as a suffix (ssd1: K = 1). Each line: tok/s, and the router's totals over the run (rounds, verify batches
+`vb`, drafted positions `offered`, the target's verify seconds and their round trips, JIT batches and seconds, cache
+lookups by outcome, tokens per round), with the verify and the draft round per batch, the hit rate, and the CPU
+seconds each service's process spent during the run (`cpu`, from /proc).
 (`bench/results/round_cap_ab.jsonl`: the fan-out round cap, 8d63c2e against 52559b8, 2026-12-04;
 `bench/results/draft_dtype_ab.jsonl`: the draft in bfloat16 against float32, 2026-12-04;
 `bench/results/adaptive_margin_ab.jsonl`: the adaptive K's speculation margin, 018e455 against 130b8f2, all of
@@ -26,13 +27,16 @@ class, 713f28a against 5c2dfb5, ar, sd-auto and ssd-auto at batches 4, 8 and 16,
 `bench/results/probe_ab_b12.jsonl`: the same with the per-batch-size hit rate too, 713f28a against 6a85dd4, batches 1
 and 2;
 `bench/results/plain_source_ab.jsonl`: the policy's plain-round acceptance, eab8f8d's code against ffcda83, ar,
-sd-auto and ssd-auto at batches 1-16, 2026-12-05.)
+sd-auto and ssd-auto at batches 1-16, 2026-12-05;
+`bench/results/draft_depth_ab.jsonl`: chains as deep as the next round's K, 36d67b2 against 6f98b19, ssd1, ssd-auto
+and sd1 at batches 4 and 8, 2026-12-05.)
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import os
 from pathlib import Path
 
 sys.path.insert(0, ".")   # the checkout being measured, not this file's
@@ -54,16 +58,28 @@ def main(label: str, batches=(8, 16), modes=("ssd", "sd", "ssd"), new_tokens: in
         for b in batches:
             prompts = [prompts_all[i % len(prompts_all)] for i in range(max(8, b))]
             for mode in modes:
+                base, k = (mode.rstrip("0123456789"), int(mode[-1])) if mode[-1].isdigit() else (mode, 3)
+                cpu0 = _cpu_seconds(stack)
                 before = _totals(client)
-                r = run_mode(client, prompts, mode, b, new_tokens, 3)
+                r = run_mode(client, prompts, base, b, new_tokens, k)
                 d = _diff(_totals(client), before)
+                cpu = {name: round(v - cpu0[name], 2) for name, v in _cpu_seconds(stack).items()}
                 print(json.dumps({"label": label, "batch": b, "mode": mode, "tok_s": round(r["tok_s"], 2),
                                   "verify": round(r["verify_s_per_batch"], 4), "draft": round(r["draft_round_s"], 4),
                                   "hit": round(r["hit_rate"], 3), "wall": round(r["wall_s"], 2),
                                   "rounds": d["rounds"], "vb": d["verify_batches"], "offered": d["offered"],
                                   "verify_s": round(d["target_verify_s"], 2), "rt_s": round(d["verify_roundtrip_s"], 2),
                                   "jitb": d["jit_batches"], "jit_s": round(d["jit_s"], 2), "cache": d["cache"],
-                                  "tpr": round(r["tokens_per_round"], 2)}), flush=True)
+                                  "tpr": round(r["tokens_per_round"], 2), "cpu": cpu}), flush=True)
+
+
+def _cpu_seconds(stack) -> dict[str, float]:
+    """User + system CPU seconds of each of the stack's processes so far (Linux /proc)."""
+    out = {}
+    for name, proc in stack.procs.items():
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        out[name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
 
 
 if __name__ == "__main__":
