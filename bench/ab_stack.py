@@ -28,8 +28,12 @@ class, 713f28a against 5c2dfb5, ar, sd-auto and ssd-auto at batches 4, 8 and 16,
 and 2;
 `bench/results/plain_source_ab.jsonl`: the policy's plain-round acceptance, eab8f8d's code against ffcda83, ar,
 sd-auto and ssd-auto at batches 1-16, 2026-12-05;
-`bench/results/draft_depth_ab.jsonl`: chains as deep as the next round's K, 36d67b2 against 6f98b19, ssd1, ssd-auto
-and sd1 at batches 4 and 8, 2026-12-05.)
+`bench/results/draft_depth_ab.jsonl`: chains as deep as the next round's K, cf5c0e6 against 6f98b19, ar, ssd-auto,
+sd-auto and ssd1 at batches 4, 8 and 16, 2026-12-05; `bench/results/draft_depth_ab_b24.jsonl`: the same codes, ar and
+ssd-auto twice each at batches 2 and 4; `bench/results/batch16_plain_aa.jsonl`: ar, sd-auto and ssd-auto in turn at
+batch 16, one stack, after one sd3 run; `bench/results/batch16_four_per_client.jsonl`: ar, sd1, sd-auto, ssd-auto,
+sd1, ar at batch 16 with `--per-client 4`. The last two came from a scratch copy of this loop with the client's
+threads pinned to CPU 1, before these options were here; their lines carry a `t0` and no `label`.)
 """
 from __future__ import annotations
 
@@ -47,7 +51,7 @@ from ssd.prompts import PROMPTS_BY_KIND  # noqa: E402
 
 
 def main(label: str, batches=(8, 16), modes=("ssd", "sd", "ssd"), new_tokens: int = 96,
-         draft_dtype: str = "") -> None:
+         draft_dtype: str = "", per_client: int = 0) -> None:
     prompts_all = [p for _, p in PROMPTS_BY_KIND]
     # `ssd bench`'s pinning, spelled out here: the older checkout of an A/B has no shared helper to call
     cfg = StackConfig(mode="ssd", drafts=1, k=3, max_batch=max(batches), target_cpus="0", draft_cpus="1",
@@ -56,7 +60,8 @@ def main(label: str, batches=(8, 16), modes=("ssd", "sd", "ssd"), new_tokens: in
     with Stack(cfg) as stack, Client(stack.grpc_address, timeout=3600) as client:
         client.generate(prompts_all[0], chat=True, max_tokens=4, mode="ssd")   # warm-up
         for b in batches:
-            prompts = [prompts_all[i % len(prompts_all)] for i in range(max(8, b))]
+            n = b * per_client if per_client else max(8, b)
+            prompts = [prompts_all[i % len(prompts_all)] for i in range(n)]
             for mode in modes:
                 base, k = (mode.rstrip("0123456789"), int(mode[-1])) if mode[-1].isdigit() else (mode, 3)
                 cpu0 = _cpu_seconds(stack)
@@ -89,5 +94,9 @@ if __name__ == "__main__":
     ap.add_argument("--modes", default="ssd,sd,ssd")
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--draft-dtype", default="", help="the draft's --dtype (default: the service's own)")
+    ap.add_argument("--per-client", type=int, default=0,
+                    help="prompts per client (batch x this many a run, so finished clients start new requests and the "
+                         "batch stays full until the last ones; default: max(8, batch) prompts)")
     a = ap.parse_args()
-    main(a.label, tuple(int(b) for b in a.batches.split(",")), tuple(a.modes.split(",")), a.new_tokens, a.draft_dtype)
+    main(a.label, tuple(int(b) for b in a.batches.split(",")), tuple(a.modes.split(",")), a.new_tokens, a.draft_dtype,
+         a.per_client)
