@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import os
+import sys
 from pathlib import Path
 
 sys.path.insert(0, ".")   # the checkout being measured, not this file's

@@ -63,7 +63,7 @@ class BranchDecoding:
             forks_per_seq = grammar.keep_allowed(forks_per_seq, specs, allowed)
         for s, sp, forks in zip(seqs, specs, forks_per_seq):
             self.cache.ensure(s.slot, len(s.tokens) + len(sp) + 1 + len(forks) * self.k, scratch=True)
-        entries = self._grow_branches(seqs, specs, forks_per_seq, glue_feats, depths or [self.k] * len(seqs))
+        entries = self._grow_branches(seqs, specs, forks_per_seq, glue_feats, depths)
         for s, sp in zip(seqs, specs):
             self.cache.trim(s.slot, len(s.tokens) + len(sp))
         return {seq_id: e for (seq_id, _), e in zip(items, entries)}
@@ -190,13 +190,15 @@ class BranchDecoding:
                     r += 1
             if d + 1 < steps:
                 ids = ids.masked_scatter(valid_d, torch.tensor(tokens, dtype=torch.long, device=dev))
-        for b in range(B):   # a sequence of a shorter depth than the group's keeps its own
-            chains[b] = [c[:depths[b]] for c in chains[b]]
-            props[b] = [p[:depths[b]] for p in props[b]]
+        if min(depths) < steps:   # a sequence of a shorter depth than the group's keeps its own
+            for b in range(B):
+                chains[b] = [c[:depths[b]] for c in chains[b]]
+                props[b] = [p[:depths[b]] for p in props[b]]
         if outputs:
             along = torch.stack(outputs, dim=2)   # [B, width, steps, F]
             for b, forks in enumerate(forks_per_seq):
-                table = {(*specs[b][:j], t): (chains[b][i], along[b, i, :depths[b]]) for i, (j, t) in enumerate(forks)}
+                table = {(*specs[b][:j], t): (chains[b][i], along[b, i, :depths[b]])
+                         for i, (j, t) in enumerate(forks)}
                 seqs[b].chains = Chains(L[b], len(specs[b]) + 1, table)
         out = []
         for b, forks in enumerate(forks_per_seq):

@@ -342,10 +342,10 @@ class AdaptiveK:
     def explore(self, rounds_since_explore: int, k: int) -> int | None:
         """The K a batch that ran `rounds_since_explore` rounds at the choice `k` (> 0) should run this round
         instead, or None: every `explore_every` rounds a neighbour, K + 1 and K - 1 in turn."""
-        if not self.explore_every or k <= 0 or rounds_since_explore < self.explore_every:
-            return None
-        self._explore_up = not self._explore_up
-        return k + 1 if self._explore_up and k < self.k_max else k - 1
+        other = self.explore_peek(rounds_since_explore, k)
+        if other is not None:
+            self._explore_up = not self._explore_up
+        return other
 
     def explore_peek(self, rounds_since_explore: int, k: int) -> int | None:
         """What `explore(rounds_since_explore, k)` would return, changing nothing."""

@@ -57,7 +57,7 @@ class DraftRoundItem:
     spec: list[int]    # the speculation now being verified
     features: Features | None = None   # the target's features received since the last message about seq
     depth: int = 0     # version 8: tokens per cache entry, the K the sequence's next round is to run (1..K; 0: the
-                       # draft's K); a chain is never longer than its round verifies
+                       # draft's K), so the draft grows no step the router would cut
 
 
 @_wire(0x31, items=_items(DraftRoundItem), fanout=_Ints("MAX_ROWS", 63))
