@@ -70,6 +70,30 @@ def test_the_routers_adaptive_k_and_fan_out_keep_output_equal_to_ar(pair, refere
     assert engine.core.planner.adaptive, "the adaptive policy did not run"
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_chains_as_deep_as_the_next_rounds_k_keep_output_equal_to_ar(pair, reference, k):
+    """ssd with the adaptive choice held at K = 1 or 2 from the cache (the draft's K is 3): each round's DraftRound
+    asks for chains of that depth, the draft grows only those, rounds hit them, and the tokens stay AR's."""
+    target, small, prompts = pair
+    engine = SpeculativeEngine(target, small, SpecConfig(mode="ssd", k=3, adaptive=True), max_batch=3)
+    planner, worker = engine.core.planner, engine.draft
+    planner.choice["ssd"], planner.adaptive["ssd"].cached, planner.adaptive["ssd"].explore_every = k, True, 0
+    planner.adapt = lambda batch: None
+    depths, grown = [], []
+    speculate = worker.speculate
+
+    def recorded(items, fanouts=None, depths_=None):
+        depths.extend((depths_ or {}).values())
+        out = speculate(items, fanouts, depths_)
+        grown.extend(len(e.tokens) for entries in out.values() for e in entries)
+        return out
+    worker.speculate = recorded
+    outputs = [s.output for s in engine.generate(prompts[:3], SamplingParams(max_tokens=24, ignore_eos=True))]
+    assert outputs == [r[:24] for r in reference[:3]]
+    assert depths and set(depths) == {k} and grown and max(grown) == k
+    assert engine.stats.cache.get("hit", 0) > 0 and sum(engine.stats.accepted) > 0
+
+
 MATRIX = [(k, backup, fan) for k in (1, 3, 5) for backup in ("jit", "ngram", "none", "auto")
           for fan in ("uniform", "geometric")]
 CI_MATRIX = [(1, "jit", "uniform"), (1, "ngram", "uniform"), (1, "none", "uniform"), (3, "jit", "uniform"),
