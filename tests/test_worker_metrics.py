@@ -42,6 +42,7 @@ def test_prefix_cache_counts_move_after_two_requests_sharing_a_prompt(worker):
     assert after[("ssd_prefix_cache_hit_tokens_total", "target")] >= 36   # the second prompt's shared blocks
     assert after[("ssd_kv_preemptions_total", "target")] == 0
     assert after[("ssd_kv_used_tokens", "target")] > 0
+    assert ("ssd_draft_confidence_stops_total", "target") not in after   # a draft's number
 
 
 def test_describe_carries_the_prefix_cache_counts_and_preemptions(worker):
@@ -67,3 +68,19 @@ def test_a_draft_reports_its_evictions_as_preemptions(tiny_llama_dir):
     stats = kv_stats(draft)
     assert stats["preemptions"] == 3
     assert stats["kv_capacity_tokens"] == draft.cache.capacity_tokens and stats["kv_used_tokens"] == 0
+
+
+def test_a_draft_exports_its_confidence_stops(tiny_llama_dir):
+    """`ssd_draft_confidence_stops_total` counts the chains `--min-confidence` stopped short (a target has none)."""
+    from ssd.engine.draft import DraftParams, DraftWorker
+
+    draft = DraftWorker(load_model(tiny_llama_dir), max_seqs=2, max_len=64, k=3, fanout=[1, 1, 1, 1], block_size=4,
+                        min_confidence=0.999999)
+    server = serve_metrics("127.0.0.1:0", "draft", draft)
+    try:
+        assert scrape(server.server_port)[("ssd_draft_confidence_stops_total", "draft")] == 0
+        draft.add(0, PROMPT, DraftParams())
+        assert len(draft.jit([0], 3)[0].tokens) == 1   # no second token of a tiny random model is that sure
+        assert scrape(server.server_port)[("ssd_draft_confidence_stops_total", "draft")] == 1
+    finally:
+        server.shutdown()

@@ -28,6 +28,9 @@ class DraftConfig(WorkerConfig):
                                                          "float16; a draft's dtype changes no output"})
     k: int = field(default=3, metadata={"help": "tokens per speculation (K)"})
     fanout: tuple[int, ...] = field(default=(), metadata={"help": "forks per acceptance position F_0..F_K"})
+    min_confidence: float = field(default=0.0, metadata={
+        "help": "stop a chain before a token (past its first) where the product of the draft's probabilities "
+                "of its own tokens along it falls below this (0 = chains of the full K); in [0, 1)"})
     budget: int = field(default=0, metadata={"help": "total forks per round when fanout is not given "
                                                      "(0 = 16 (K+1)); sizes the draft's scratch KV"})
 
@@ -47,11 +50,14 @@ def draft_role(cfg: DraftConfig, folder: Path) -> Role:
         columns = max_len + cfg.k + 1   # a sequence's committed KV and one speculation
         worker = DraftWorker(model, cfg.max_seqs, max_len, cfg.k, fanout,
                              cfg.kv_tokens or default_kv_tokens(cfg.max_seqs, columns), cfg.block_size,
-                             cuda_graphs=cfg.cuda_graphs, grammar_tokenizer=grammar_for(folder, model.cfg.vocab_size))
+                             cuda_graphs=cfg.cuda_graphs, grammar_tokenizer=grammar_for(folder, model.cfg.vocab_size),
+                             min_confidence=cfg.min_confidence)
         warm_up_draft(worker)
         return Loaded(model, worker, worker.feature_size)
 
     def check() -> str | None:
+        if not 0.0 <= cfg.min_confidence < 1.0:
+            return f"--min-confidence must be in [0, 1), got {cfg.min_confidence}"
         if cfg.tp_size != 1:
             return f"tensor parallelism (--tp-size {cfg.tp_size}) is for the target; run the draft with --tp-size 1"
         return None

@@ -99,10 +99,15 @@ class DraftWorker(BranchDecoding):
 
     def __init__(self, model: Decoder, max_seqs: int, max_len: int, k: int, fanout: list[int],
                  kv_tokens: int = 0, block_size: int = DEFAULT_BLOCK_SIZE, prefix_caching: bool = True,
-                 cuda_graphs: str = "auto", grammar_tokenizer=None):
+                 cuda_graphs: str = "auto", grammar_tokenizer=None, min_confidence: float = 0.0):
         if len(fanout) != k + 1:
             raise ValueError(f"fanout needs K+1 = {k + 1} entries, got {fanout}")
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence}")
         self.model, self.k, self.fanout = model, k, list(fanout)
+        self.min_confidence = min_confidence
+        self.last_confidence: list[float] | None = None   # `_propose`'s q(token) per row (None: not measured)
+        self.confidence_stops = 0   # chains stopped short of their depth by `min_confidence`
         self.max_len = max_len
         committed = blocks_for(kv_tokens, block_size) or max_seqs * blocks_for(max_len + k + 1, block_size)
         reserved = max_seqs * (blocks_for(sum(fanout) * k, block_size) + 1)
@@ -210,7 +215,10 @@ class DraftWorker(BranchDecoding):
         the argmax over that vocabulary (the lowest target id among equal maxima, as the argmax over the full one),
         never building full rows. `positions`: each row's token position (coupled rows pick with its noise);
         `paths`: each row's speculated tokens after the committed ones (a constrained row proposes within its
-        grammar after them, `draft_grammar`)."""
+        grammar after them, `draft_grammar`). With `min_confidence` set, `last_confidence` holds each row's q of its
+        token (the probability the draft gave its own pick; greedy: the largest) when every row is plain (neither
+        coupled nor constrained), else None."""
+        self.last_confidence = None
         steered = [] if paths is None else [b for b, s in enumerate(seqs) if s.matcher is not None]
         if steered and len(steered) < len(seqs):   # the others keep their fast paths (no full-vocabulary rows)
             others = [b for b in range(len(seqs)) if seqs[b].matcher is None]
@@ -267,13 +275,21 @@ class DraftWorker(BranchDecoding):
         params = [s.params for s in seqs]
         if allowed is not None:
             return draw(grammar.steer(self.model.logits(hidden), allowed), params, [s.generator for s in seqs])
-        if self._vocab_ids is not None and all(p.temperature == 0 for p in params):
-            small = self.model.draft_logits(hidden)
+        greedy = all(p.temperature == 0 for p in params)
+        if greedy:
+            logits = self.model.draft_logits(hidden) if self._vocab_ids is not None else self.model.logits(hidden)
+            if self.min_confidence:
+                self.last_confidence = torch.softmax(logits.float(), -1).amax(-1).tolist()
+            if self._vocab_ids is None:
+                return logits.argmax(-1).tolist(), None
             if self._vocab_sorted:   # the first maximum is the lowest id
-                return self._vocab_ids[small.argmax(-1)].tolist(), None
-            top = small == small.max(-1, keepdim=True).values
+                return self._vocab_ids[logits.argmax(-1)].tolist(), None
+            top = logits == logits.max(-1, keepdim=True).values
             return torch.where(top, self._vocab_ids, self.model.cfg.vocab_size).min(-1).values.tolist(), None
-        return draw(self.model.logits(hidden), params, [s.generator for s in seqs])
+        tokens, support = draw(self.model.logits(hidden), params, [s.generator for s in seqs])
+        if self.min_confidence:   # a greedy row among sampled ones has the one-hot support: confidence 1
+            self.last_confidence = [ps[ids.index(t)] if t in ids else 0.0 for t, (ids, ps) in zip(tokens, support)]
+        return tokens, support
 
     def _catch_up_rows(self, seqs: list[_DraftSeq]) -> tuple[list[list[int]], list[int]]:
         """Tokens each sequence must (re)feed so its last committed token's output is computed."""
@@ -346,8 +362,13 @@ class DraftWorker(BranchDecoding):
         t0 = time.perf_counter()
         prev = None   # feature drafts: each row's output at its last position, the next step's input feature
         along = [[] for _ in seqs]   # feature drafts: those outputs per sequence, step by step
+        sure = [1.0] * len(seqs)     # with min_confidence: the product of q(token) along each chain so far
+        steps = 0
         for step in range(max(k_eff, default=0)):
             active = [b for b in range(len(seqs)) if k_eff[b] > step]
+            if not active:   # every chain stopped for want of confidence
+                break
+            steps += 1
             fb = ForwardBatch.ragged([rows[b] for b in active], [starts[b] for b in active],
                                      [seqs[b].slot for b in active], self.device)
             lengths = torch.tensor([len(rows[b]) - 1 for b in active], device=self.device)
@@ -369,11 +390,18 @@ class DraftWorker(BranchDecoding):
             tokens, support = self._propose(hidden, [seqs[b] for b in active],
                                             [len(seqs[b].tokens) + step for b in active],
                                             [specs[b].tokens for b in active])
+            conf = self.last_confidence
             for r, b in enumerate(active):
                 if step == 0:
                     self._caught_up(seqs[b], starts[b])
                 else:
                     seqs[b].written.append(rows[b][0])
+                if conf is not None:
+                    sure[b] *= conf[r]
+                    if step > 0 and sure[b] < self.min_confidence:   # the chain stops before this token
+                        k_eff[b] = step
+                        self.confidence_stops += 1
+                        continue
                 specs[b].tokens.append(tokens[r])
                 if specs[b].proposal is not None:
                     specs[b].proposal.append(support[r])
@@ -381,9 +409,10 @@ class DraftWorker(BranchDecoding):
                 rows[b] = [tokens[r]]
         if self.feature_size:   # the next round's glue reads these (`ssd.engine.draft_features.chain_inputs`)
             for s, sp, outs in zip(seqs, specs, along):
+                outs = outs[:len(sp.tokens)]   # a chain stopped by min_confidence computed one output more
                 s.chains = Chains(len(s.tokens) - 1, 1, {(s.tokens[-1],): (sp.tokens, torch.stack(outs))}) \
                     if outs else None
-        self.last_jit_step_s = (time.perf_counter() - t0) / max(1, max(k_eff, default=0))
+        self.last_jit_step_s = (time.perf_counter() - t0) / max(1, steps)
         return specs
 
 

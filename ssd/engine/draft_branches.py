@@ -131,7 +131,9 @@ class BranchDecoding:
                        depths: list[int] | None = None) -> list[list[CacheEntry]]:
         """Batched steps, as many as the longest of `depths` (each sequence's chain length, at most K; None: K);
         row b holds all branches of sequence b as its queries. A feature draft's branch reads the glue output where
-        it forks, then its own previous output. Chains are laid out K columns apart whatever their length."""
+        it forks, then its own previous output. Chains are laid out K columns apart whatever their length. With
+        `min_confidence`, a chain stops before its first token past the first at which the product of q(token) along
+        it falls below that (`last_confidence`); the steps end early once every chain has stopped."""
         B, K = len(seqs), self.k
         depths = [K] * B if depths is None else depths
         steps = max(depths, default=K)
@@ -155,6 +157,8 @@ class BranchDecoding:
         dev = self.device
         slots, valid_d, ids = torch.tensor([s.slot for s in seqs], device=dev), valid.to(dev), ids.to(dev)
         chains = [[[] for _ in range(nb[b])] for b in range(B)]
+        growing = [[True] * nb[b] for b in range(B)]   # False: stopped by min_confidence
+        sure = [[1.0] * nb[b] for b in range(B)]       # the product of q(token) along each chain so far
         props = [[[] for _ in range(nb[b])] for b in range(B)]
         branch_seqs = [s for b, s in enumerate(seqs) for _ in range(nb[b])]
         positions = [L[b] + j + 1 for b, f in enumerate(forks_per_seq) for j, _ in f]   # each chain's first token
@@ -181,13 +185,22 @@ class BranchDecoding:
                          for i, (j, t) in enumerate(f)]
             tokens, support = self._propose(hidden, branch_seqs, [positions[r] + d for r in range(len(positions))],
                                             paths)
+            conf = self.last_confidence
             r = 0
             for b in range(B):
                 for i in range(nb[b]):
-                    chains[b][i].append(tokens[r])
-                    if support is not None:
-                        props[b][i].append(support[r])
+                    if growing[b][i] and conf is not None:
+                        sure[b][i] *= conf[r]
+                        if d > 0 and sure[b][i] < self.min_confidence:   # the chain stops before this token
+                            growing[b][i] = False
+                            self.confidence_stops += 1
+                    if growing[b][i]:
+                        chains[b][i].append(tokens[r])
+                        if support is not None:
+                            props[b][i].append(support[r])
                     r += 1
+            if not any(g and len(chains[b][i]) < depths[b] for b in range(B) for i, g in enumerate(growing[b])):
+                break   # every chain has its depth or stopped for want of confidence
             if d + 1 < steps:
                 ids = ids.masked_scatter(valid_d, torch.tensor(tokens, dtype=torch.long, device=dev))
         if min(depths) < steps:   # a sequence of a shorter depth than the group's keeps its own
@@ -197,7 +210,7 @@ class BranchDecoding:
         if outputs:
             along = torch.stack(outputs, dim=2)   # [B, width, steps, F]
             for b, forks in enumerate(forks_per_seq):
-                table = {(*specs[b][:j], t): (chains[b][i], along[b, i, :depths[b]])
+                table = {(*specs[b][:j], t): (chains[b][i], along[b, i, :len(chains[b][i])])
                          for i, (j, t) in enumerate(forks)}
                 seqs[b].chains = Chains(L[b], len(specs[b]) + 1, table)
         out = []

@@ -47,6 +47,7 @@ class SpecConfig:
     adaptive: bool = False            # K per round from measurements, as the router does (False: always `k`)
     adaptive_fanout: bool = False     # each round's fan-out from measured acceptance, as the router does
     jit_linger: float = 0.05          # see ssd.round.batches
+    min_confidence: float = 0.0       # the draft stops a chain where its own confidence falls below (DraftWorker)
 
     def __post_init__(self):
         if self.mode not in ("sd", "ssd"):
@@ -140,7 +141,7 @@ class SpeculativeEngine(Engine):
                                 grammar_tokenizer)
         draft_kv = kv_tokens or default_kv_tokens(max_batch, self.max_len + self.spec.k + 1)
         d_worker = DraftWorker(draft, max_batch, self.max_len, self.spec.k, list(self.spec.fanout), draft_kv,
-                               block_size, prefix_caching, cuda_graphs, grammar_tokenizer)
+                               block_size, prefix_caching, cuda_graphs, grammar_tokenizer, self.spec.min_confidence)
         self.target_handle = LocalWorker("target", TargetHandler, t_worker,
                                          self._ready("target", t_worker.max_len, cfg.hidden_size))
         self.draft_handle = self._draft_handle(d_worker)

@@ -52,7 +52,8 @@ def warm_up_draft(worker, rounds: int = 2) -> None:
     (forks and branches at the draft's full fan-out), free it."""
     vocab = worker.model.cfg.vocab_size
     with _Untouched(worker, ("last_jit_step_s", "last_speculate_s", "stepwise_glues", "_forwards", "evictions",
-                             "feature_rows_received")):
+                             "feature_rows_received", "min_confidence", "last_confidence", "confidence_stops")):
+        worker.min_confidence = 0.0   # every chain at full depth: the shapes a round can take are all warmed
         for _ in range(rounds):
             try:
                 worker.add(WARM_SEQ, _prompt(vocab), DraftParams())

@@ -37,6 +37,12 @@ class WorkerCollector:
             c = CounterMetricFamily(name, doc, labels=["role"])
             c.add_metric([self.role], s[key])
             yield c
+        stops = getattr(self.worker, "confidence_stops", None)   # a draft's
+        if stops is not None:
+            c = CounterMetricFamily("ssd_draft_confidence_stops",
+                                    "Draft chains stopped short of their depth by --min-confidence.", labels=["role"])
+            c.add_metric([self.role], stops)
+            yield c
         for name, key, doc in (("ssd_kv_capacity_tokens", "kv_capacity_tokens", "Tokens the KV cache holds."),
                                ("ssd_kv_used_tokens", "kv_used_tokens", "Tokens of KV cache in use.")):
             g = GaugeMetricFamily(name, doc, labels=["role"])

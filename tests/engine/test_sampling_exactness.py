@@ -88,6 +88,9 @@ CASES = {
     # the router's own policies: K chosen per round from measured costs (probe and explore rounds at other K), the
     # fan-out from measured acceptance
     "ssd-adaptive": SpecConfig(mode="ssd", k=2, budget=6, draft_top_k=0, adaptive=True, adaptive_fanout=True),
+    # the draft stops its chains (JIT and cache entries) where its own confidence runs out: how many tokens a round
+    # offers then depends on q alone, never on the target
+    "ssd-confidence-stop": SpecConfig(mode="ssd", k=3, budget=8, draft_top_k=0, min_confidence=0.3),
 }
 
 
@@ -103,6 +106,8 @@ def test_sampled_outputs_follow_target_distribution(models, name):
         assert engine.core.planner.adaptive and stats.cache.get("hit", 0) > 0
     elif CASES[name].mode == "ssd":  # and the cache-hit path
         assert stats.cache.get("hit", 0) > 0.2 * (sum(stats.cache.values()) - stats.cache["forced"])
+    if CASES[name].min_confidence:   # and chains were stopped short
+        assert engine.draft.confidence_stops > 0 and sum(stats.offered) < CASES[name].k * stats.offered[0]
 
 
 PENALISED = dict(PARAMS, presence_penalty=0.8, frequency_penalty=0.4, repetition_penalty=1.5, logit_bias={4: 1.0})
