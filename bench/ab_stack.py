@@ -33,7 +33,13 @@ sd-auto and ssd1 at batches 4, 8 and 16, 2026-12-05; `bench/results/draft_depth_
 ssd-auto twice each at batches 2 and 4; `bench/results/batch16_plain_aa.jsonl`: ar, sd-auto and ssd-auto in turn at
 batch 16, one stack, after one sd3 run; `bench/results/batch16_four_per_client.jsonl`: ar, sd1, sd-auto, ssd-auto,
 sd1, ar at batch 16 with `--per-client 4`. The last two came from a scratch copy of this loop with the client's
-threads pinned to CPU 1, before these options were here; their lines carry a `t0` and no `label`.)
+threads pinned to CPU 1, before these options were here; their lines carry a `t0` and no `label`.
+`bench/results/confidence_stop_b1_k5.jsonl`: `--k 5 --draft-flag=--min-confidence --draft-flag=0.1` (k5c) against
+K = 3 without it (k3), ar, ssd-auto and sd-auto at batch 1, 2026-12-05; `confidence_stop_b1_k3.jsonl`: the threshold
+at K = 3 (k3c) against none, batch 1; `confidence_stop_b48_k3.jsonl`: the same at batches 4 and 8.)
+
+`--k` sets the stack's K (the router's most and the draft's own); `--draft-flag` passes one more flag to the draft
+service (repeat it for a flag's value).
 """
 from __future__ import annotations
 
@@ -51,25 +57,26 @@ from ssd.prompts import PROMPTS_BY_KIND  # noqa: E402
 
 
 def main(label: str, batches=(8, 16), modes=("ssd", "sd", "ssd"), new_tokens: int = 96,
-         draft_dtype: str = "", per_client: int = 0) -> None:
+         draft_dtype: str = "", per_client: int = 0, k: int = 3, draft_flags: tuple[str, ...] = ()) -> None:
     prompts_all = [p for _, p in PROMPTS_BY_KIND]
     # `ssd bench`'s pinning, spelled out here: the older checkout of an A/B has no shared helper to call
-    cfg = StackConfig(mode="ssd", drafts=1, k=3, max_batch=max(batches), target_cpus="0", draft_cpus="1",
+    flags = [*(["--dtype", draft_dtype] if draft_dtype else []), *draft_flags]
+    cfg = StackConfig(mode="ssd", drafts=1, k=k, max_batch=max(batches), target_cpus="0", draft_cpus="1",
                       router_cpus="1", threads=1, log_dir=Path("bench/results/logs"),
-                      extra={"draft": ["--dtype", draft_dtype]} if draft_dtype else {})
+                      extra={"draft": flags} if flags else {})
     with Stack(cfg) as stack, Client(stack.grpc_address, timeout=3600) as client:
         client.generate(prompts_all[0], chat=True, max_tokens=4, mode="ssd")   # warm-up
         for b in batches:
             n = b * per_client if per_client else max(8, b)
             prompts = [prompts_all[i % len(prompts_all)] for i in range(n)]
             for mode in modes:
-                base, k = (mode.rstrip("0123456789"), int(mode[-1])) if mode[-1].isdigit() else (mode, 3)
+                base, pin = (mode.rstrip("0123456789"), int(mode[-1])) if mode[-1].isdigit() else (mode, k)
                 cpu0 = _cpu_seconds(stack)
                 before = _totals(client)
-                r = run_mode(client, prompts, base, b, new_tokens, k)
+                r = run_mode(client, prompts, base, b, new_tokens, pin)
                 d = _diff(_totals(client), before)
                 cpu = {name: round(v - cpu0[name], 2) for name, v in _cpu_seconds(stack).items()}
-                print(json.dumps({"label": label, "batch": b, "mode": mode, "tok_s": round(r["tok_s"], 2),
+                print(json.dumps({"label": label, "k": k, "batch": b, "mode": mode, "tok_s": round(r["tok_s"], 2),
                                   "verify": round(r["verify_s_per_batch"], 4), "draft": round(r["draft_round_s"], 4),
                                   "hit": round(r["hit_rate"], 3), "wall": round(r["wall_s"], 2),
                                   "rounds": d["rounds"], "vb": d["verify_batches"], "offered": d["offered"],
@@ -97,6 +104,10 @@ if __name__ == "__main__":
     ap.add_argument("--per-client", type=int, default=0,
                     help="prompts per client (batch x this many a run, so finished clients start new requests and the "
                          "batch stays full until the last ones; default: max(8, batch) prompts)")
+    ap.add_argument("--k", type=int, default=3, help="the stack's K (the router's most and the draft's own)")
+    ap.add_argument("--draft-flag", action="append", default=[], dest="draft_flags",
+                    help="one more flag for the draft service, repeatable (e.g. --draft-flag=--min-confidence "
+                         "--draft-flag=0.1)")
     a = ap.parse_args()
     main(a.label, tuple(int(b) for b in a.batches.split(",")), tuple(a.modes.split(",")), a.new_tokens, a.draft_dtype,
-         a.per_client)
+         a.per_client, a.k, tuple(a.draft_flags))
