@@ -36,7 +36,9 @@ sd1, ar at batch 16 with `--per-client 4`. The last two came from a scratch copy
 threads pinned to CPU 1, before these options were here; their lines carry a `t0` and no `label`.
 `bench/results/confidence_stop_b1_k5.jsonl`: `--k 5 --draft-flag=--min-confidence --draft-flag=0.1` (k5c) against
 K = 3 without it (k3), ar, ssd-auto and sd-auto at batch 1, 2026-12-05; `confidence_stop_b1_k3.jsonl`: the threshold
-at K = 3 (k3c) against none, batch 1; `confidence_stop_b48_k3.jsonl`: the same at batches 4 and 8.)
+at K = 3 (k3c) against none, batch 1; `confidence_stop_b48_k3.jsonl`: the same at batches 4 and 8;
+`confidence_stop_b1_pinned.jsonl`: one stack at K = 5 with the threshold, ar, sd5, sd-auto, sd3, ssd5, ssd-auto, ssd3;
+`batch8_plain_aa.jsonl`: ar against sd-auto four times and against ssd-auto twice at batch 8, one stack.)
 
 `--k` sets the stack's K (the router's most and the draft's own); `--draft-flag` passes one more flag to the draft
 service (repeat it for a flag's value).
