@@ -30,3 +30,25 @@ def varied_llama(folder) -> Decoder:
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(folder)
     return load_model(folder)
+
+
+def feature_draft(target: Decoder, layers: int = 1):
+    """A feature-reading draft made from `target` (`init_from_target` over its first 128 ids) with noise on its
+    feature projection: it reads the target's features and agrees with the target often, not always."""
+    from ssd.distill.train import init_from_target
+
+    torch.manual_seed(2)
+    draft = init_from_target(target, torch.arange(0, 128), layers=layers, feature_rms=3.0)
+    with torch.no_grad():
+        draft.fc_weight.add_(torch.randn_like(draft.fc_weight) * 0.3)
+    return draft.eval().requires_grad_(False)
+
+
+def target_features(target: Decoder, tokens: list[int]):
+    """The target's features (`FeatureBlock`) of `tokens`, from a prefill."""
+    from ssd.engine.target import TargetWorker
+    from ssd.sampling import SamplingParams
+
+    t = TargetWorker(target, 2, 256)
+    t.prefill([(0, tokens, SamplingParams())], features=True)
+    return t.last_features[0]

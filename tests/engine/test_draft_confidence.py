@@ -4,14 +4,13 @@ below the threshold; what it keeps is the prefix of the full chain, and output s
 import pytest
 import torch
 
-from ssd.distill.train import init_from_target
 from ssd.engine.ar import AREngine
 from ssd.engine.draft import DraftParams, DraftWorker
 from ssd.engine.speculative import SpecConfig, SpeculativeEngine
-from ssd.engine.target import TargetWorker
 from ssd.models.loader import load_model
 from ssd.sampling import SamplingParams
 from services.draft.service import DraftConfig, draft_role
+from tests.engine.perturbed import feature_draft, target_features
 
 K = 5
 
@@ -19,17 +18,7 @@ K = 5
 @pytest.fixture(scope="module")
 def pair(tiny_llama_dir):
     target = load_model(tiny_llama_dir)
-    torch.manual_seed(2)
-    draft = init_from_target(target, torch.arange(0, 128), layers=1, feature_rms=3.0)
-    with torch.no_grad():
-        draft.fc_weight.add_(torch.randn_like(draft.fc_weight) * 0.3)
-    return target, draft.eval().requires_grad_(False)
-
-
-def _target_features(target, tokens):
-    t = TargetWorker(target, 2, 256)
-    t.prefill([(0, tokens, SamplingParams())], features=True)
-    return t.last_features[0]
+    return target, feature_draft(target)
 
 
 def _recording(worker):
@@ -78,7 +67,7 @@ def test_a_jit_chain_stops_where_the_drafts_confidence_runs_out(pair, params):
 
     def worker(tau):
         w = DraftWorker(draft, 2, 256, K, [1] * (K + 1), min_confidence=tau)
-        w.add(0, prompt, params, _target_features(target, prompt))
+        w.add(0, prompt, params, target_features(target, prompt))
         return w
 
     w = worker(1e-30)   # confidences measured, nothing cut
@@ -113,7 +102,7 @@ def test_branch_chains_stop_one_by_one_and_the_steps_end_when_all_have(pair):
 
     def worker(tau):   # the speculation being verified is the full JIT chain; its branches stop at `tau`
         w = DraftWorker(draft, 2, 256, K, fanout)
-        w.add(0, prompt, DraftParams(), _target_features(target, prompt))
+        w.add(0, prompt, DraftParams(), target_features(target, prompt))
         spec = w.jit([0], K)[0].tokens
         w.min_confidence = tau
         return w, spec

@@ -10,25 +10,15 @@ from ssd.engine.ar import AREngine
 from ssd.engine.draft import DraftParams, DraftWorker
 from ssd.engine.features import FeatureBlock, from_wire, to_wire
 from ssd.engine.speculative import SpecConfig, SpeculativeEngine
-from ssd.engine.target import TargetWorker
 from ssd.models.loader import load_model
 from ssd.sampling import SamplingParams
+from tests.engine.perturbed import feature_draft, target_features
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1-layer", "2-layer"])
 def pair(tiny_llama_dir, request):
     target = load_model(tiny_llama_dir)
-    torch.manual_seed(2)
-    draft = init_from_target(target, torch.arange(0, 128), layers=request.param, feature_rms=3.0)
-    with torch.no_grad():
-        draft.fc_weight.add_(torch.randn_like(draft.fc_weight) * 0.3)
-    return target, draft.eval().requires_grad_(False)
-
-
-def _target_features(target, tokens):
-    t = TargetWorker(target, 2, 256)
-    t.prefill([(0, tokens, SamplingParams())], features=True)
-    return t.last_features[0]
+    return target, feature_draft(target, request.param)
 
 
 def test_wire_form_round_trips():
@@ -42,7 +32,7 @@ def test_wire_form_round_trips():
 def test_jit_follows_the_unrolled_chain(pair):
     target, draft = pair
     tokens = list(range(3, 40))
-    feats = _target_features(target, tokens)
+    feats = target_features(target, tokens)
     assert feats.start == 0 and feats.rows.shape == (len(tokens), 64)
     w = DraftWorker(draft, 2, 256, 4, [1] * 5)
     w.add(0, tokens, DraftParams(), feats)
@@ -59,10 +49,10 @@ def test_estimated_kv_is_recomputed_when_features_arrive(pair):
     target, draft = pair
     tokens = list(range(5, 30))
     w = DraftWorker(draft, 2, 256, 3, [1] * 4)
-    w.add(0, tokens, DraftParams(), _target_features(target, tokens))
+    w.add(0, tokens, DraftParams(), target_features(target, tokens))
     spec = w.jit([0], 3)[0].tokens               # KV of spec[0..1] is written from the draft's estimates
     committed = tokens + spec[:2] + [77]
-    full = _target_features(target, committed)
+    full = target_features(target, committed)
     w.commit(0, spec[:2] + [77], FeatureBlock(len(tokens) - 1, full.rows[len(tokens) - 1:len(committed) - 1]))
     assert w.seqs[0].fresh < len(tokens) + 2     # the accepted tokens' KV is stale ...
     again = w.jit([0], 3)[0].tokens
@@ -80,7 +70,7 @@ def test_features_arrive_after_a_forward_grew_the_buffer(pair):
     w = DraftWorker(draft, 2, 256, 3, [1] * 4)
     w.add(0, tokens, DraftParams())                 # no features: the forward below makes the buffer (64 rows)
     spec = w.jit([0], 3)[0].tokens
-    full = _target_features(target, tokens + spec[:1] + [5])
+    full = target_features(target, tokens + spec[:1] + [5])
     w.commit(0, spec[:1] + [5], FeatureBlock(0, full.rows[:len(tokens) + 1]))
     assert w.seqs[0].nfeat == len(tokens) + 1 and len(w.jit([0], 3)[0].tokens) == 3
 
@@ -131,7 +121,7 @@ def test_glue_after_a_jit_is_one_forward_with_the_same_entries(pair, temperature
     instead of K + 1, and the cache entries are those of the step-by-step glue."""
     target, draft = pair
     tokens = list(range(3, 35))
-    feats = _target_features(target, tokens)
+    feats = target_features(target, tokens)
     params = DraftParams(temperature, 16 if temperature else 0, seed=5)
     out = {}
     for reuse in (True, False):
@@ -154,12 +144,12 @@ def test_glue_after_a_hit_reads_the_branch_that_made_the_speculation(pair):
     target, draft = pair
     tokens = list(range(3, 35))
     w = DraftWorker(draft, 2, 256, 3, [2, 2, 2, 2])
-    w.add(0, tokens, DraftParams(), _target_features(target, tokens))
+    w.add(0, tokens, DraftParams(), target_features(target, tokens))
     spec = w.jit([0], 3)[0].tokens
     entries = w.speculate([(0, spec)])[0]
     e = next(x for x in entries if x.accepted == 1)   # outcome: s1 accepted, then t* = the fork's token
     committed = tokens + spec[:1] + [e.token]
-    full = _target_features(target, committed)
+    full = target_features(target, committed)
     w.commit(0, spec[:1] + [e.token], FeatureBlock(len(tokens) - 1, full.rows[len(tokens) - 1:len(committed) - 1]))
     calls = _forwards(w)
     again = w.speculate([(0, e.tokens)])[0]
@@ -168,7 +158,7 @@ def test_glue_after_a_hit_reads_the_branch_that_made_the_speculation(pair):
     # outcome (0, t*) of a fork the draft made, but then a speculation it never made (say an n-gram backup's):
     # the stepwise glue
     t = next(x.token for x in again if x.accepted == 0)
-    w.commit(0, [t], FeatureBlock(len(committed) - 1, _target_features(target, committed + [t]).rows[-2:-1]))
+    w.commit(0, [t], FeatureBlock(len(committed) - 1, target_features(target, committed + [t]).rows[-2:-1]))
     calls.clear()
     w.speculate([(0, [7, 8, 9])])
     assert len(calls) == 1 + 3 + 3
@@ -205,7 +195,7 @@ def test_a_round_depth_grows_shorter_chains_in_fewer_steps_and_a_hit_on_one_read
     def worker():
         w = DraftWorker(draft, 2, 256, 3, [2, 2, 2, 2])
         for i, p in enumerate(prompts):
-            w.add(i, p, params, _target_features(target, p))
+            w.add(i, p, params, target_features(target, p))
         return w, [w.jit([i], 3)[0].tokens for i in range(2)]
 
     w, specs = worker()
@@ -225,7 +215,7 @@ def test_a_round_depth_grows_shorter_chains_in_fewer_steps_and_a_hit_on_one_read
     entries = w.speculate([(0, specs[0])], depths={0: 1})[0]
     e = next(x for x in entries if x.accepted == 1)
     committed = prompts[0] + specs[0][:1] + [e.token]
-    full_feats = _target_features(target, committed)
+    full_feats = target_features(target, committed)
     n = len(prompts[0])
     w.commit(0, specs[0][:1] + [e.token], FeatureBlock(n - 1, full_feats.rows[n - 1:len(committed) - 1]))
     calls = _forwards(w)
