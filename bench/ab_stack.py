@@ -38,7 +38,8 @@ threads pinned to CPU 1, before these options were here; their lines carry a `t0
 K = 3 without it (k3), ar, ssd-auto and sd-auto at batch 1, 2026-12-05; `confidence_stop_b1_k3.jsonl`: the threshold
 at K = 3 (k3c) against none, batch 1; `confidence_stop_b48_k3.jsonl`: the same at batches 4 and 8;
 `confidence_stop_b1_pinned.jsonl`: one stack at K = 5 with the threshold, ar, sd5, sd-auto, sd3, ssd5, ssd-auto, ssd3;
-`batch8_plain_aa.jsonl`: ar against sd-auto four times and against ssd-auto twice at batch 8, one stack.)
+`batch8_plain_aa.jsonl`: ar against sd-auto four times and against ssd-auto twice at batch 8, one stack;
+`default_path_ab.jsonl`: f7bd0c9 against 52d5dfe with the default settings, ar, ssd-auto, sd-auto, ssd at batch 1.)
 
 `--k` sets the stack's K (the router's most and the draft's own); `--draft-flag` passes one more flag to the draft
 service (repeat it for a flag's value).
