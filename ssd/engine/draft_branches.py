@@ -199,7 +199,9 @@ class BranchDecoding:
                         if support is not None:
                             props[b][i].append(support[r])
                     r += 1
-            if not any(g and len(chains[b][i]) < depths[b] for b in range(B) for i, g in enumerate(growing[b])):
+            # only a step that measured confidence can have stopped chains: with the stop off, no scan per step
+            if conf is not None and not any(g and len(chains[b][i]) < depths[b]
+                                            for b in range(B) for i, g in enumerate(growing[b])):
                 break   # every chain has its depth or stopped for want of confidence
             if d + 1 < steps:
                 ids = ids.masked_scatter(valid_d, torch.tensor(tokens, dtype=torch.long, device=dev))
