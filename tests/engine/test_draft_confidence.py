@@ -143,6 +143,9 @@ def test_output_with_the_confidence_stop_is_the_targets(pair, mode):
     assert [s.output for s in engine.generate(prompts, params)] == ref
     stats = engine.stats
     assert engine.draft.confidence_stops > 0 and stats.rounds > 0
+    assert stats.acceptance_rate > 0   # speculation happened: drafted tokens were accepted
+    if mode == "ssd":
+        assert stats.cache.get("hit", 0) > 0   # and rounds ran from the speculation cache
     assert sum(stats.offered) < K * stats.offered[0]   # chains did stop short of K
 
 
