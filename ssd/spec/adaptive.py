@@ -19,10 +19,18 @@ Contract
     and verify them alike); it counts for that source only, not for this mode's acceptance over all rounds.
   - ``observe_verify(tokens, seconds, overhead, seqs)``: one verify batch of ``tokens`` positions (sum over its
     ``seqs`` sequences of drafted + 1), the target's compute for it and what the round trip took beyond that, kept
-    in a ``CostTable``: the measured mean at each shape (n, seqs) and at each n seen recently, a line
-    ``t_v(n) = c0 + c1 n`` (``LinearEma``) for the others. Per shape first: 16 positions as 16 x 1 (0.0505 s in
-    one run) and as 8 x 2 or 4 x 4 (attention over longer rows) cost differently, and a mean over all of them
-    (0.0587) made plain decoding at batch 16 look dearer than it was and K = 1 chosen where it ran below plain.
+    in a ``CostTable``: the median of the last ``window`` (9) measurements at each shape (n, seqs) and at each n
+    seen recently, a line ``t_v(n) = c0 + c1 n`` (``LinearEma``) for the others. A median, because a shared host
+    stalls a verify now and then: a decayed mean took a tenth of each stall, and one stalled 4-position verify
+    at batch 1 (0.0296 s among 0.026) made K = 3 predict slower than K = 2. Each measurement is kept relative to
+    the host's speed then (``drift``: the median ratio of the last measurements to their shape's median), and
+    every shape scales by the speed now: the host also slows for seconds at a time, and then only the sizes the
+    choice runs are measured. Against stale figures for the others the choice looked dear: at batch 1 the 3- and
+    4-position verifies read 0.030 and 0.034 s against 0.024 and 0.025 for 1 and 2, K = 3 went to K = 1 and
+    stayed there most of a run (sd-auto 0.92x its usual speed; 2026-12-05). Per shape first: 16 positions as
+    16 x 1 (0.0505 s in one run) and as 8 x 2 or 4 x 4 (attention over longer rows) cost differently, and a mean
+    over all of them (0.0587) made plain decoding at batch 16 look dearer than it was and K = 1 chosen where it
+    ran below plain.
     A table, because the cost is not a line in n on a CPU: a 2-row matmul can cost what a 1-row one does and a
     3-row one half again (ssd/models/linear.py), and that step decides between K = 1 and K = 3 at batch 1.
   - ``observe_draft_step(batch, seconds)``: one draft step (a JIT batch's time / K): a line in the batch size.
@@ -92,6 +100,9 @@ imports this module.
 """
 from __future__ import annotations
 
+import statistics
+from collections import deque
+
 from ssd.spec.backup import LinearEma
 
 __all__ = ["AdaptiveK", "CostTable"]
@@ -105,57 +116,73 @@ BORROW = {PLAIN: (JIT, CACHED), JIT: (PLAIN, CACHED), CACHED: (JIT, PLAIN)}   # 
 
 
 class CostTable:
-    """Seconds of a verify against the positions n it holds: a decayed mean per n measured at least `trusted`
-    times within the last `max_age` observations, otherwise the least-squares line over all of them; plus the
-    mean overhead of a round trip beyond the target's compute."""
+    """Seconds of a verify against the positions n it holds: per n measured at least `trusted` times within the last
+    `max_age` observations, the median of its last `window` measurements, each taken relative to the host's speed
+    when it was made and scaled by the speed now (`drift`); otherwise the least-squares line over all of them; plus
+    the mean overhead of a round trip beyond the target's compute."""
 
     def __init__(self, line: LinearEma | None = None, decay: float = 0.9, trusted: float = 2.0,
-                 max_age: int = 2000):
+                 max_age: int = 2000, window: int = 9):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
         self.line = line if line is not None else AdaptiveK.default_verify_line()
-        self.decay, self.trusted, self.max_age = decay, trusted, max_age
-        self._mean: dict[int, float] = {}
-        self._weight: dict[int, float] = {}
-        self._seen: dict[int, int] = {}
+        self.decay, self.trusted, self.max_age, self.window = decay, trusted, max_age, window
+        self._recent: dict = {}   # key (n, or (n, seqs)) -> its last `window` measurements / the drift then
+        self._seen: dict = {}     # key -> the observation count when it was last measured
         self._clock = 0
         self.overhead = 0.0
+        self._ratios: deque = deque(maxlen=window)   # the last measurements over their shape's median
+        self.drift = 1.0          # the host's speed now against the measurements' units: those ratios' median
 
     def observe(self, n: int, seconds: float, overhead: float | None = None, seqs: int | None = None) -> None:
         """`seconds`: the target's compute for a verify of `n` positions (of `seqs` sequences, if known); `overhead`:
         what its round trip took beyond that (router hop and ZeroMQ, capped at `seconds`: time queued behind a
-        prefill is not the verify's and does not depend on K), kept as one mean that every prediction adds."""
+        prefill is not the verify's and does not depend on K), kept as one mean that every prediction adds.
+        A shape already trusted also measures the drift: what it took now against its median (the drift is the
+        median of the last `window` such ratios, so one stalled verify moves neither it nor a shape's median)."""
         if overhead is not None:
             self.overhead = self.decay * self.overhead + (1 - self.decay) * min(max(overhead, 0.0), seconds)
         self.line.observe(n, seconds)
         self._clock += 1
-        for key in (n,) if seqs is None else (n, (n, seqs)):
-            w = self.decay * self._weight.get(key, 0.0) if self._fresh(key) else 0.0
-            self._mean[key] = (w * self._mean.get(key, 0.0) + seconds) / (w + 1.0)
-            self._weight[key], self._seen[key] = w + 1.0, self._clock
+        keys = (n,) if seqs is None else ((n, seqs), n)
+        if self._trusted(keys[0]) and self._median(keys[0]) > 0:   # its own shape only: n alone mixes shapes
+            self._ratios.append(seconds / self._median(keys[0]))
+            self.drift = statistics.median(self._ratios)
+        for key in keys:
+            if not self._fresh(key):   # not measured for `max_age` observations: what it held is forgotten
+                self._recent[key] = deque(maxlen=self.window)
+            self._recent[key].append(seconds / self.drift)
+            self._seen[key] = self._clock
 
     def _fresh(self, key) -> bool:
         return key in self._seen and self._clock - self._seen[key] <= self.max_age
 
     def _trusted(self, key) -> bool:
-        return self._fresh(key) and self._weight[key] >= self.trusted
+        return self._fresh(key) and len(self._recent[key]) >= self.trusted
+
+    def _median(self, key) -> float:
+        """The key's median in the units of the drift's start (times `drift` for seconds now)."""
+        return statistics.median(self._recent[key])
 
     def predict(self, n: float, seqs: int | None = None) -> float:
-        """A verify of `n` positions (of `seqs` sequences): the mean at that shape, else at that n, else the line."""
+        """A verify of `n` positions (of `seqs` sequences): at that shape, else at that n, else the line."""
         n_int = int(n)
         if n_int == n:
             for key in ((n_int, seqs), n_int) if seqs is not None else (n_int,):
                 if self._trusted(key):
-                    return self._mean[key] + self.overhead
+                    return self._median(key) * self.drift + self.overhead
         return self.line.predict(n) + self.overhead
 
     def coefficients(self) -> tuple[float, float]:
         return self.line.coefficients()
 
     def table(self, seqs: int | None = None) -> dict[int, float]:
-        """The trusted means, by n (with `seqs`, of verifies of that many sequences; for logs and tests)."""
+        """The trusted costs now, by n (with `seqs`, of verifies of that many sequences; for logs and tests)."""
         if seqs is None:
-            return {n: self._mean[n] for n in sorted(k for k in self._mean if isinstance(k, int)) if self._trusted(n)}
-        return {k[0]: self._mean[k] for k in sorted(k for k in self._mean if isinstance(k, tuple) and k[1] == seqs)
-                if self._trusted(k)}
+            keys = sorted(k for k in self._recent if isinstance(k, int))
+            return {n: self._median(n) * self.drift for n in keys if self._trusted(n)}
+        keys = sorted(k for k in self._recent if isinstance(k, tuple) and k[1] == seqs)
+        return {k[0]: self._median(k) * self.drift for k in keys if self._trusted(k)}
 
 
 class AdaptiveK:
@@ -362,7 +389,8 @@ class AdaptiveK:
                 "verify": self.verify.coefficients(),
                 "verify_table": {n: round(t, 4) for n, t in self.verify.table().items()},
                 "verify_at_batch": {n: round(t, 4) for n, t in self.verify.table(max(1, batch)).items()},
-                "verify_overhead": round(self.verify.overhead, 4), "jit_hop": round(self.hop, 4),
+                "verify_overhead": round(self.verify.overhead, 4), "verify_drift": round(self.verify.drift, 3),
+                "jit_hop": round(self.hop, 4),
                 "draft_step": self.draft_step.coefficients(),
                 "realized": {f"batch {1 << b}+ {KIND_NAMES[kind]}": round(c, 3)
                              for (b, kind), c in sorted(self.realized.items())},
