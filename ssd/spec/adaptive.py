@@ -164,6 +164,10 @@ class CostTable:
         """The key's median in the units of the drift's start (times `drift` for seconds now)."""
         return statistics.median(self._recent[key])
 
+    def measured(self, n: int, seqs: int | None = None) -> bool:
+        """Whether `predict(n, seqs)` reads measurements of that size (else it is the line's guess)."""
+        return any(self._trusted(key) for key in ((n, seqs), n))
+
     def predict(self, n: float, seqs: int | None = None) -> float:
         """A verify of `n` positions (of `seqs` sequences): at that shape, else at that n, else the line."""
         n_int = int(n)
@@ -336,8 +340,10 @@ class AdaptiveK:
     def choose(self, batch: int, current: int | None = None) -> int:
         """The K of the highest predicted throughput (the smaller on a tie) among K = 0 and the K > 0 predicted
         more than `margin` faster than K = 0; `current` (the K in use), if among them, stays unless that one is
-        predicted more than `margin` faster. In ssd mode each K > 0 is weighed from the cache and by JIT only, and
-        `cached` is set to the choice's (the current one's stays unless another is more than `margin` faster)."""
+        predicted more than `margin` faster, and a current K > 0 stays against another K > 0 whose verify size at
+        this batch was not measured lately (explore rounds measure it). In ssd mode each K > 0 is weighed from the
+        cache and by JIT only, and `cached` is set to the choice's (the current one's stays unless another is more
+        than `margin` faster)."""
         batch = max(1, batch)
         options = [(0, False)] + [(k, c) for c in ((True, False) if self.mode == "ssd" else (False,))
                                   for k in range(1, self.k_max + 1)]
@@ -348,6 +354,9 @@ class AdaptiveK:
         now = None if current is None else (current, current > 0 and self.kind(current) == CACHED)
         if now is not None and now != best and now in eligible and tp[now] * (1.0 + self.margin) >= tp[best]:
             best = now
+        if (now is not None and now in eligible and 0 < now[0] != best[0] > 0
+                and not self.verify.measured(batch * (best[0] + 1), batch)):
+            best = now   # another K > 0 whose verify size was not measured lately: its figure is the line's
         k = best[0]
         if k > 0:
             self.probe_interval = self.probe_every

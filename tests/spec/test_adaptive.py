@@ -20,7 +20,8 @@ def feed(a: AdaptiveK, accept_rate_by_position, rounds=400, k=3):
 
 
 def timings(a: AdaptiveK, verify_c0=0.05, verify_c1=0.002, draft_step=0.01):
-    for n in (1, 4, 8, 16, 32, 64):
+    """A verify cost linear in the positions, measured at every size up to 64 (twice: trusted)."""
+    for n in [*range(1, 65)] * 2:
         a.observe_verify(n, verify_c0 + verify_c1 * n)
     for b in (1, 4, 8, 16):
         a.observe_draft_step(b, draft_step * (1 + 0.05 * b))
@@ -161,6 +162,24 @@ def test_a_slow_stretch_does_not_move_batch_one_off_its_best_k():
     for _ in range(2):
         a.observe_verify(3, 0.030)
     assert a.choose(1, current=3) == 3
+
+
+def test_a_k_whose_verify_size_was_not_measured_does_not_displace_the_one_in_use():
+    """A fresh router's first choices at batch 1 read the line through a few cold verifies of the warm-up (3.2 ms
+    a position where the host's is 1), which put K = 2 5% ahead of K = 3: sd ran the first run at K = 2, back at
+    K = 3 only 24 s later. Until an explore round has measured the other size, the K in use stays."""
+    a = AdaptiveK(3, "sd", explore_every=16)
+    for n, sec in ((1, 0.021), (4, 0.031), (2, 0.024)):   # the warm-up: the line's slope 3+ ms a position
+        a.observe_verify(n, sec, seqs=1)
+    a.observe_draft_step(1, 0.0025)
+    feed(a, [0.55, 0.6, 0.65])
+    assert not a.verify.measured(3, 1) and a.throughput(1, 2) > 1.05 * a.throughput(1, 3)
+    assert a.choose(1, current=3) == 3
+    for _ in range(9):                                     # rounds at K = 3 and an explore round's K = 2
+        a.observe_verify(4, 0.0262, seqs=1)
+        a.observe_verify(3, 0.0257, seqs=1)
+    assert a.verify.measured(3, 1) and a.choose(1, current=3) == 3   # measured: the table decides
+    assert a.choose(1, current=None) == max(range(4), key=lambda k: (a.throughput(1, k), -k))
 
 
 def test_cost_table_forgets_sizes_not_seen_for_max_age_observations():
