@@ -39,7 +39,11 @@ K = 3 without it (k3), ar, ssd-auto and sd-auto at batch 1, 2026-12-05; `confide
 at K = 3 (k3c) against none, batch 1; `confidence_stop_b48_k3.jsonl`: the same at batches 4 and 8;
 `confidence_stop_b1_pinned.jsonl`: one stack at K = 5 with the threshold, ar, sd5, sd-auto, sd3, ssd5, ssd-auto, ssd3;
 `batch8_plain_aa.jsonl`: ar against sd-auto four times and against ssd-auto twice at batch 8, one stack;
-`default_path_ab.jsonl`: f7bd0c9 against 52d5dfe with the default settings, ar, ssd-auto, sd-auto, ssd at batch 1.)
+`default_path_ab.jsonl`: f7bd0c9 against 52d5dfe with the default settings, ar, ssd-auto, sd-auto, ssd at batch 1;
+`adaptive_median_margin_ab.jsonl` (17517fb: the verify table's median and no margin between two K > 0, not kept),
+`adaptive_median_ab.jsonl` (5c3e647: the median alone, not kept) and `adaptive_drift_ab.jsonl` (2aef96f: the median
+and the drift), each against 1f787bb at batches 1, 4 and 8 or 16; `adaptive_hold_ab.jsonl`: f41ac74 (an unmeasured
+size does not displace the K in use) against 1f787bb at batch 1 with sd3 and ssd3 beside.)
 
 `--k` sets the stack's K (the router's most and the draft's own); `--draft-flag` passes one more flag to the draft
 service (repeat it for a flag's value).
