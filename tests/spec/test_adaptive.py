@@ -118,13 +118,19 @@ def test_cost_table_predicts_the_median_of_recent_measurements_so_a_slow_verify_
         CostTable(window=0)
 
 
-def test_a_stalled_verify_does_not_move_batch_one_off_its_best_k():
+def batch_one(costs: dict[int, float], acceptance: list[float]) -> AdaptiveK:
+    """An sd policy at batch 1 whose table holds `costs` (seconds by positions), a draft step of 1.4 ms."""
     a = AdaptiveK(3, "sd", explore_every=0)
     for _ in range(9):
-        for n, sec in ((1, 0.0231), (2, 0.0250), (3, 0.0257), (4, 0.0262)):
+        for n, sec in costs.items():
             a.observe_verify(n, sec)
         a.observe_draft_step(1, 0.0014)
-    feed(a, [0.55, 0.55, 0.65])
+    feed(a, acceptance)
+    return a
+
+
+def test_a_stalled_verify_does_not_move_batch_one_off_its_best_k():
+    a = batch_one({1: 0.0231, 2: 0.0250, 3: 0.0257, 4: 0.0262}, [0.55, 0.55, 0.65])
     assert a.choose(1) == 3
     a.observe_verify(4, 0.060)
     assert a.choose(1, current=3) == 3
@@ -150,12 +156,7 @@ def test_a_slow_stretch_measured_at_one_size_scales_every_size_alike():
 
 
 def test_a_slow_stretch_does_not_move_batch_one_off_its_best_k():
-    a = AdaptiveK(3, "sd", explore_every=0)
-    for _ in range(9):
-        for n, sec in ((1, 0.0231), (2, 0.0247), (3, 0.0261), (4, 0.0265)):
-            a.observe_verify(n, sec)
-        a.observe_draft_step(1, 0.0014)
-    feed(a, [0.54, 0.6, 0.69])
+    a = batch_one({1: 0.0231, 2: 0.0247, 3: 0.0261, 4: 0.0265}, [0.54, 0.6, 0.69])
     assert a.choose(1) == 3
     for _ in range(30):
         a.observe_verify(4, 0.0337)
