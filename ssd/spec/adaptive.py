@@ -128,6 +128,7 @@ class CostTable:
         self.line = line if line is not None else AdaptiveK.default_verify_line()
         self.decay, self.trusted, self.max_age, self.window = decay, trusted, max_age, window
         self._recent: dict = {}   # key (n, or (n, seqs)) -> its last `window` measurements / the drift then
+        self._medians: dict = {}  # key -> the median of `_recent[key]` (times `drift`: seconds now), kept per observe
         self._seen: dict = {}     # key -> the observation count when it was last measured
         self._clock = 0
         self.overhead = 0.0
@@ -145,13 +146,14 @@ class CostTable:
         self.line.observe(n, seconds)
         self._clock += 1
         keys = (n,) if seqs is None else ((n, seqs), n)
-        if self._trusted(keys[0]) and self._median(keys[0]) > 0:   # its own shape only: n alone mixes shapes
-            self._ratios.append(seconds / self._median(keys[0]))
+        if self._trusted(keys[0]) and self._medians[keys[0]] > 0:   # its own shape only: n alone mixes shapes
+            self._ratios.append(seconds / self._medians[keys[0]])
             self.drift = statistics.median(self._ratios)
         for key in keys:
             if not self._fresh(key):   # not measured for `max_age` observations: what it held is forgotten
                 self._recent[key] = deque(maxlen=self.window)
             self._recent[key].append(seconds / self.drift)
+            self._medians[key] = statistics.median(self._recent[key])
             self._seen[key] = self._clock
 
     def _fresh(self, key) -> bool:
@@ -159,10 +161,6 @@ class CostTable:
 
     def _trusted(self, key) -> bool:
         return self._fresh(key) and len(self._recent[key]) >= self.trusted
-
-    def _median(self, key) -> float:
-        """The key's median in the units of the drift's start (times `drift` for seconds now)."""
-        return statistics.median(self._recent[key])
 
     def measured(self, n: int, seqs: int | None = None) -> bool:
         """Whether `predict(n, seqs)` reads measurements of that size (else it is the line's guess)."""
@@ -174,7 +172,7 @@ class CostTable:
         if n_int == n:
             for key in ((n_int, seqs), n_int) if seqs is not None else (n_int,):
                 if self._trusted(key):
-                    return self._median(key) * self.drift + self.overhead
+                    return self._medians[key] * self.drift + self.overhead
         return self.line.predict(n) + self.overhead
 
     def coefficients(self) -> tuple[float, float]:
@@ -184,9 +182,9 @@ class CostTable:
         """The trusted costs now, by n (with `seqs`, of verifies of that many sequences; for logs and tests)."""
         if seqs is None:
             keys = sorted(k for k in self._recent if isinstance(k, int))
-            return {n: self._median(n) * self.drift for n in keys if self._trusted(n)}
+            return {n: self._medians[n] * self.drift for n in keys if self._trusted(n)}
         keys = sorted(k for k in self._recent if isinstance(k, tuple) and k[1] == seqs)
-        return {k[0]: self._median(k) * self.drift for k in keys if self._trusted(k)}
+        return {k[0]: self._medians[k] * self.drift for k in keys if self._trusted(k)}
 
 
 class AdaptiveK:
@@ -354,9 +352,9 @@ class AdaptiveK:
         now = None if current is None else (current, current > 0 and self.kind(current) == CACHED)
         if now is not None and now != best and now in eligible and tp[now] * (1.0 + self.margin) >= tp[best]:
             best = now
-        if (now is not None and now in eligible and 0 < now[0] != best[0] > 0
-                and not self.verify.measured(batch * (best[0] + 1), batch)):
-            best = now   # another K > 0 whose verify size was not measured lately: its figure is the line's
+        if now is not None and now in eligible and now[0] > 0 and best[0] not in (0, now[0]):
+            if not self.verify.measured(batch * (best[0] + 1), batch):
+                best = now   # another K > 0 whose verify size was not measured lately: its figure is the line's
         k = best[0]
         if k > 0:
             self.probe_interval = self.probe_every
