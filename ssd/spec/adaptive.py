@@ -20,7 +20,15 @@ Contract
   - ``observe_verify(tokens, seconds, overhead, seqs)``: one verify batch of ``tokens`` positions (sum over its
     ``seqs`` sequences of drafted + 1), the target's compute for it and what the round trip took beyond that, kept
     in a ``CostTable``: the median of the last ``window`` (9) measurements at each shape (n, seqs) and at each n
-    seen recently, a line ``t_v(n) = c0 + c1 n`` (``LinearEma``) for the others. A median, because a shared host
+    seen recently; a size not measured lately is read off the measured n either side of it (beyond the largest,
+    along the least-squares slope of them all), and only with fewer than two measured from a line
+    ``t_v(n) = c0 + c1 n`` (``LinearEma``) over the latest verifies. Not that line once the table holds two: it
+    follows the sizes in use, and at batch 16 on plain decoding and probes (16 and 19 positions) it read the noise
+    between them as its slope, put 48 positions at 0.066 s against 0.055 for 16, and K = 2 went on where it ran
+    about 0.75x plain decoding; such excursions kept adaptive SSD at 0.96-0.98x AR there over two series of runs
+    (2026-12-05). The measured slope overstates what a larger batch adds (1-4 positions at batch 1 measure 1 ms
+    a position, 16 to 64 at batch 16 about 0.9): a size never measured is not assumed cheap, and the explore
+    rounds measure the neighbours of a K in use. A median, because a shared host
     stalls a verify now and then: a decayed mean took a tenth of each stall, and one stalled 4-position verify
     at batch 1 (0.0296 s among 0.026) made K = 3 predict slower than K = 2. Each measurement is kept relative to
     the host's speed then (``drift``: the median ratio of the last measurements to their shape's median), and
@@ -100,6 +108,7 @@ imports this module.
 """
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import deque
 
@@ -118,8 +127,8 @@ BORROW = {PLAIN: (JIT, CACHED), JIT: (PLAIN, CACHED), CACHED: (JIT, PLAIN)}   # 
 class CostTable:
     """Seconds of a verify against the positions n it holds: per n measured at least `trusted` times within the last
     `max_age` observations, the median of its last `window` measurements, each taken relative to the host's speed
-    when it was made and scaled by the speed now (`drift`); otherwise the least-squares line over all of them; plus
-    the mean overhead of a round trip beyond the target's compute."""
+    when it was made and scaled by the speed now (`drift`); otherwise read off those (`between`), or with fewer than
+    two the line over the latest measurements; plus the mean overhead of a round trip beyond the target's compute."""
 
     def __init__(self, line: LinearEma | None = None, decay: float = 0.9, trusted: float = 2.0,
                  max_age: int = 2000, window: int = 9):
@@ -134,6 +143,7 @@ class CostTable:
         self.overhead = 0.0
         self._ratios: deque = deque(maxlen=window)   # the last measurements over their shape's median
         self.drift = 1.0          # the host's speed now against the measurements' units: those ratios' median
+        self._curve: tuple | None = None   # (the trusted n entries, sorted, in seconds now; their slope), per observe
 
     def observe(self, n: int, seconds: float, overhead: float | None = None, seqs: int | None = None) -> None:
         """`seconds`: the target's compute for a verify of `n` positions (of `seqs` sequences, if known); `overhead`:
@@ -155,6 +165,7 @@ class CostTable:
             self._recent[key].append(seconds / self.drift)
             self._medians[key] = statistics.median(self._recent[key])
             self._seen[key] = self._clock
+        self._curve = None
 
     def _fresh(self, key) -> bool:
         return key in self._seen and self._clock - self._seen[key] <= self.max_age
@@ -163,17 +174,51 @@ class CostTable:
         return self._fresh(key) and len(self._recent[key]) >= self.trusted
 
     def measured(self, n: int, seqs: int | None = None) -> bool:
-        """Whether `predict(n, seqs)` reads measurements of that size (else it is the line's guess)."""
+        """Whether `predict(n, seqs)` reads measurements of that size (else a guess: `between`, or the line)."""
         return any(self._trusted(key) for key in ((n, seqs), n))
 
     def predict(self, n: float, seqs: int | None = None) -> float:
-        """A verify of `n` positions (of `seqs` sequences): at that shape, else at that n, else the line."""
+        """A verify of `n` positions (of `seqs` sequences): at that shape, else at that n, else from the trusted n
+        either side of it (`between`), else the line."""
         n_int = int(n)
         if n_int == n:
             for key in ((n_int, seqs), n_int) if seqs is not None else (n_int,):
                 if self._trusted(key):
                     return self._medians[key] * self.drift + self.overhead
-        return self.line.predict(n) + self.overhead
+        guess = self.between(n)
+        return (self.line.predict(n) if guess is None else guess) + self.overhead
+
+    def between(self, n: float) -> float | None:
+        """A verify of `n` positions from the trusted costs by n (seconds now, without the overhead): on the segment
+        joining the nearest measured n below and above it; beyond the smallest or largest, from that one along the
+        least-squares slope of them all. None while fewer than two n are trusted. Not the line: it is fitted to the
+        latest verifies, which are the sizes in use, so it reads noise between close sizes as the slope. At batch
+        16 on plain decoding and probes (16 and 19 positions) it put 48 positions at 0.066 s, where 16 cost 0.055,
+        and K = 2 predicted 23% faster than K = 0 where it runs about 0.75x (2026-12-05)."""
+        if self._curve is None:
+            pts = sorted((k, self._medians[k] * self.drift) for k in self._recent
+                         if isinstance(k, int) and self._trusted(k))
+            slope = 0.0
+            if len(pts) >= 2:
+                mx = statistics.fmean(x for x, _ in pts)
+                my = statistics.fmean(y for _, y in pts)
+                sxx = sum((x - mx) ** 2 for x, _ in pts)
+                slope = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sxx)
+            self._curve = (pts, slope)
+        pts, slope = self._curve
+        if len(pts) < 2:
+            return None
+        if n > pts[-1][0]:
+            return pts[-1][1] + slope * (n - pts[-1][0])
+        if n < pts[0][0]:   # fewer positions than any measured: not below the line from zero through the first
+            n0, t0 = pts[0]
+            return max(t0 + slope * (n - n0), t0 * n / n0)
+        i = bisect.bisect_left(pts, (n, -1.0))
+        (n1, t1) = pts[i]
+        if n1 == n or i == 0:
+            return t1
+        n0, t0 = pts[i - 1]
+        return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
 
     def coefficients(self) -> tuple[float, float]:
         return self.line.coefficients()

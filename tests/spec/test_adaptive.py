@@ -2,6 +2,7 @@
 import pytest
 
 from ssd.spec.adaptive import CACHED, HIT_TRUSTED, JIT, PLAIN, AdaptiveK, CostTable
+from ssd.spec.backup import LinearEma
 
 
 def feed(a: AdaptiveK, accept_rate_by_position, rounds=400, k=3):
@@ -90,16 +91,61 @@ def test_bad_arguments():
 
 def test_cost_table_keeps_a_measured_step_a_line_would_smooth_away():
     """A CPU where 2 positions cost what 1 does and 3 cost half again: the table answers with the measured
-    means, and only falls back to the line for sizes it has not seen enough."""
+    means; a size it has not seen enough is read off the measured ones (past the largest, along their slope)."""
     t = CostTable()
     for _ in range(5):
         for n, sec in ((1, 0.030), (2, 0.030), (3, 0.045), (4, 0.047)):
             t.observe(n, sec)
     assert t.predict(2) == pytest.approx(0.030) and t.predict(3) == pytest.approx(0.045)
     assert t.table() == pytest.approx({1: 0.030, 2: 0.030, 3: 0.045, 4: 0.047})
-    assert t.predict(8) == pytest.approx(t.line.predict(8)) and t.predict(8) > t.predict(4)
+    slope = 0.033 / 5                     # least squares over (1, .030), (2, .030), (3, .045), (4, .047)
+    assert t.predict(8) == pytest.approx(0.047 + 4 * slope) and t.predict(8) > t.predict(4)
     t.observe(9, 1.0)                     # seen once: not trusted yet
-    assert t.predict(9) == pytest.approx(t.line.predict(9))
+    assert t.predict(9) == pytest.approx(0.047 + 5 * slope)
+
+
+def test_cost_table_reads_an_unmeasured_size_between_measured_ones_and_the_line_only_without_two():
+    t = CostTable()
+    for _ in range(3):
+        t.observe(2, 0.030, seqs=1)
+    assert t.predict(5, 1) == pytest.approx(t.line.predict(5))          # one size measured: the line
+    for _ in range(3):
+        t.observe(10, 0.046, seqs=2)
+    assert t.predict(6, 1) == pytest.approx(0.038)                       # halfway between 2 and 10 positions
+    assert t.predict(6.5) == pytest.approx(0.039)
+    assert t.predict(20, 2) == pytest.approx(0.046 + 10 * 0.002)         # past the largest: their slope
+    assert t.predict(1, 1) == pytest.approx(0.028)                       # below the smallest: the same slope
+    assert t.predict(1, 1) >= 0.030 / 2
+    u = CostTable()
+    for _ in range(3):
+        u.observe(2, 0.030)
+        u.observe(10, 0.020)                                             # cheaper at 10 than at 2: no slope
+    assert u.predict(20) == pytest.approx(0.020) and u.predict(1) == pytest.approx(0.030)
+
+
+def test_plain_decoding_at_batch_sixteen_stays_against_a_k_whose_size_only_the_line_guessed():
+    """Batch 16 on plain decoding and probes (a probe: one sequence of 16 at K = 3, 19 positions) measures 16 and 19
+    positions only, and the line fitted to those verifies read the noise between them as its slope: 48 positions
+    at 0.066 s where 16 cost 0.055, and K = 2 predicted 23% faster than K = 0. Switched, it ran about 0.75x, and in
+    one series of runs adaptive SSD read 0.96x AR there. Read along the slope of all measured sizes instead (batch
+    1's as well), 48 positions cost about what they do, and plain decoding stays."""
+    a = AdaptiveK(3, "sd", explore_every=16)
+    for _ in range(9):
+        for n, sec in ((1, 0.024), (2, 0.025), (3, 0.026), (4, 0.027)):   # earlier, at batch 1
+            a.observe_verify(n, sec, seqs=1)
+    for i in range(40):                                                   # the latest: plain rounds, a probe
+        a.observe_verify(16, 0.0552 + (0.001 if i % 2 else -0.001), seqs=16)
+        if i % 8 == 0:
+            a.observe_verify(19, 0.0587, seqs=16)
+    for b in (1, 8, 16):
+        a.observe_draft_step(b, 0.0025 + 0.0003 * b)
+    a.hop = 0.0097
+    feed(a, [0.56, 0.61, 0.6])
+    a.verify.line = LinearEma(prior_intercept=0.0479, prior_slope=0.000385)   # the line as the trace logged it
+    assert a.verify.line.predict(48) < 0.070
+    assert a.verify.predict(48, 16) > 0.09                               # measured sizes' slope: ~0.11
+    assert a.choose(16, current=0) == 0
+    assert a.throughput(16, 2) < a.throughput(16, 0)
 
 
 def test_cost_table_predicts_the_median_of_recent_measurements_so_a_slow_verify_moves_nothing():
