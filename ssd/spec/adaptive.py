@@ -57,11 +57,13 @@ Contract
     waits a real round has on top (a verify held for its batch's JITs, sequences out of step); in one run at batch
     8 on the default pair SD rounds took 0.34 s where the model said 0.29, and speculation stayed on where plain
     decoding was 1.2x faster (another run measured 1.01 there). Per bucket, so what batch 8 taught does not turn
-    speculation off at batch 1. A class not yet timed in a bucket takes another class's correction there (JIT only
-    and plain first each other's, the cache's last: its rounds also hold the draft's work beside the target's), not
+    speculation off at batch 1. A class not yet timed in a bucket takes another class's correction there, not
     none: most of what the model misses (the router's work on a round, the waits) falls on all. Left at 1, plain
     rounds timed at 1.14x at batch 14 made an untimed K = 1 look 13% faster, and speculation went on where it ran
-    below plain decoding.
+    below plain decoding. Plain rounds take JIT only's, then the cache's (its rounds also hold the draft's work beside
+    the target's); a speculating class takes the largest of the others' timed there, since it waits for all a plain
+    round waits for and for JITs besides: taking plain decoding's 0.99-1.07 at batch 16 where rounds from the cache
+    read 1.13-1.48, K > 0 by JIT only went on for a few rounds at a time and ran below plain decoding.
 * ``choose(batch)`` returns the K in ``0..k_max`` that maximises the predicted tokens per second of a batch of
   ``batch`` sequences (Theorem 7 with measured terms), and in ssd mode whether its rounds speculate into the cache
   (``cached``) or draft only by JIT, as sd does:
@@ -356,14 +358,19 @@ class AdaptiveK:
         return self._expected(self._acceptance("plain"), k)
 
     def round_seconds(self, batch: int, k: int, cached: bool | None = None) -> float:
-        """The model's round time corrected by what rounds of this class and batch size took (of another class, while
-        none of this one was timed at this size)."""
+        """The model's round time corrected by what rounds of this class and batch size took; while none of this one
+        was timed at this size, another class's correction there: for plain rounds the first of `BORROW`'s timed, for
+        speculating ones the largest of the timed others'. A speculating round waits for all a plain round does and
+        for JITs and out-of-step sequences besides: at batch 16 the JIT-only class, never timed there, read plain
+        decoding's 0.99-1.07 while rounds from the cache read 1.13-1.48, and K > 0 by JIT only went on for a few rounds
+        at a time where it ran below plain decoding (`bench/results/batch16_excursions.log`, 2026-12-05)."""
         b, kind = self.bucket(batch), self.kind(k, cached)
-        for other in (kind, *BORROW[kind]):
-            c = self.realized.get((b, other))
-            if c is not None:
-                return c * self.model_seconds(batch, k, cached)
-        return self.model_seconds(batch, k, cached)
+        c = self.realized.get((b, kind))
+        if c is None:
+            timed = [self.realized[(b, other)] for other in BORROW[kind] if (b, other) in self.realized]
+            if timed:
+                c = timed[0] if kind == PLAIN else max(timed)
+        return self.model_seconds(batch, k, cached) * (1.0 if c is None else c)
 
     def model_seconds(self, batch: int, k: int, cached: bool | None = None) -> float:
         """The model's round time: the verify, and the draft's time a round waits for."""

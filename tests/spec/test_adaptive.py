@@ -367,6 +367,31 @@ def test_a_kind_of_round_not_yet_timed_at_a_batch_size_takes_the_other_kinds_cor
     assert a.round_seconds(14, 1) == pytest.approx(0.9 * a.model_seconds(14, 1), rel=0.01)
 
 
+def test_a_speculating_kind_not_yet_timed_takes_the_largest_correction_timed_there():
+    """Batch 16: plain rounds timed at 1.066x the model, rounds from the cache at 1.132x, K > 0 by JIT only never
+    timed there. Taking plain decoding's correction, K = 1 by JIT only read 10% faster than plain decoding and went
+    on (it ran below it); a speculating round waits for all a plain one does and for JITs besides, so it takes the
+    cache's, and plain decoding stays. Plain rounds, untimed, still take JIT only's, then the cache's."""
+    a = AdaptiveK(3, "ssd", explore_every=0)
+    timings(a, verify_c0=0.045, verify_c1=0.0016, draft_step=0.0025)
+    feed(a, [0.6, 0.6, 0.6])
+    for i in range(200):
+        a.observe_lookup(i % 3 == 0, 16)
+    for _ in range(300):
+        a.observe_round_time(16, 0, 1.066 * a.model_seconds(16, 0))
+        a.observe_round_time(16, 1, 1.132 * a.model_seconds(16, 1, True), cached=True)
+    assert a.round_seconds(16, 1, False) == pytest.approx(1.132 * a.model_seconds(16, 1, False), rel=0.01)
+    with_plains = 16 * a.expected_tokens(1, False) / (1.066 * a.model_seconds(16, 1, False))
+    assert with_plains > (1 + a.margin) * a.throughput(16, 0)
+    assert a.choose(16, 0) == 0
+    b = AdaptiveK(3, "ssd", explore_every=0)
+    timings(b)
+    for _ in range(300):
+        b.observe_round_time(16, 1, 1.3 * b.model_seconds(16, 1, False), cached=False)
+        b.observe_round_time(16, 1, 0.9 * b.model_seconds(16, 1, True), cached=True)
+    assert b.round_seconds(16, 0) == pytest.approx(1.3 * b.model_seconds(16, 0), rel=0.01)   # JIT only's first
+
+
 def test_a_round_time_counts_within_bounds_and_bad_ones_not_at_all():
     a = AdaptiveK(3, "ssd", realized_decay=0.5)
     a.observe_round_time(1, 2, 100 * a.model_seconds(1, 2))   # a stall: counted as 3x, not 100x
