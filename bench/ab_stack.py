@@ -43,7 +43,9 @@ at K = 3 (k3c) against none, batch 1; `confidence_stop_b48_k3.jsonl`: the same a
 `adaptive_median_margin_ab.jsonl` (17517fb: the verify table's median and no margin between two K > 0, not kept),
 `adaptive_median_ab.jsonl` (5c3e647: the median alone, not kept) and `adaptive_drift_ab.jsonl` (2aef96f: the median
 and the drift), each against 1f787bb at batches 1, 4 and 8 or 16; `adaptive_hold_ab.jsonl`: f41ac74 (an unmeasured
-size does not displace the K in use) against 1f787bb at batch 1 with sd3 and ssd3 beside.)
+size does not displace the K in use) against 1f787bb at batch 1 with sd3 and ssd3 beside;
+`cost_between_ab.jsonl`: b48d9dd (an unmeasured verify size read off the measured ones, not the line) against 4e4612d,
+ar, ssd-auto, sd-auto, ar, ssd-auto, sd-auto at batches 4, 8 and 16, 2026-12-05.)
 
 `--k` sets the stack's K (the router's most and the draft's own); `--draft-flag` passes one more flag to the draft
 service (repeat it for a flag's value).
