@@ -43,7 +43,7 @@ Contract
     3-row one half again (ssd/models/linear.py), and that step decides between K = 1 and K = 3 at batch 1.
   - ``observe_draft_step(batch, seconds)``: one draft step (a JIT batch's time / K): a line in the batch size.
   - ``observe_jit(roundtrip, compute)``: one JIT as the router saw it; what the round trip took beyond the
-    draft's compute (the hop: ZeroMQ, the draft's queue) is kept as a mean.
+    draft's compute (the hop: ZeroMQ, the draft's queue) is kept as the median of the last 9.
   - ``observe_lookup(hit, batch)``: whether a speculation-cache lookup hit (ssd mode), in a batch of ``batch``:
     kept over all lookups and per batch-size bucket (the buckets below), which the model reads once its bucket
     has seen ``HIT_TRUSTED`` lookups. The draft's forks a round are shared by the sequences it speculates for,
@@ -123,6 +123,7 @@ SOURCES = ("cache", "jit", "plain")   # where a round's draft tokens came from: 
                                       # with no speculation behind it (sd, ssd by JIT only)
 KIND_NAMES = {PLAIN: "K=0", CACHED: "K>0 cached", JIT: "K>0"}
 HIT_TRUSTED = 50   # lookups a batch-size bucket needs before its own hit rate is used
+HOP_WINDOW = 9     # JITs whose round trips beyond the draft's compute the hop is the median of
 BORROW = {PLAIN: (JIT, CACHED), JIT: (PLAIN, CACHED), CACHED: (JIT, PLAIN)}   # an untimed class's stand-ins
 
 
@@ -261,7 +262,8 @@ class AdaptiveK:
         self.explore_every = explore_every   # 0: never explore
         self._explore_up = False
         self.draft_step = draft_step if draft_step is not None else LinearEma(prior_intercept=4e-3, prior_slope=4e-4)
-        self.hop = 2e-3   # a JIT's round trip beyond the draft's compute, seconds (EMA; prior 2 ms)
+        self.hop = 2e-3   # a JIT's round trip beyond the draft's compute, seconds (median; prior 2 ms)
+        self._hops: deque = deque(maxlen=HOP_WINDOW)
         self.rounds = 0
         # realized / modelled round time, by (batch-size bucket, class: PLAIN, CACHED, JIT)
         self.realized: dict[tuple[int, int], float] = {}
@@ -300,8 +302,12 @@ class AdaptiveK:
             self.draft_step.observe(batch, seconds)
 
     def observe_jit(self, roundtrip: float, compute: float) -> None:
+        """A JIT's round trip beyond the draft's compute: `hop` is the median of the last `HOP_WINDOW`, as the verify
+        table's entries are medians. A decayed mean took a tenth of every stall: one JIT that waited 1.5 s behind a
+        draft's restart or a long catch-up would add 0.15 s to every predicted JIT, and speculation went off."""
         if roundtrip > 0:
-            self.hop = 0.9 * self.hop + 0.1 * max(0.0, roundtrip - max(0.0, compute))
+            self._hops.append(max(0.0, roundtrip - max(0.0, compute)))
+            self.hop = statistics.median(self._hops)
 
     def observe_lookup(self, hit: bool, batch: int | None = None) -> None:
         d, x = self.decay, 1.0 if hit else 0.0

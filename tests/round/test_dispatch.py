@@ -403,9 +403,9 @@ def test_each_round_is_timed_from_the_sequences_previous_outcome_for_its_modes_p
         req = sd_admit(rig)
         for wait in (0.3, 0.2):
             core.dispatch()
-            clock.advance(wait / 2)
             (jit,) = rig.take(wire.Jit)
             jit_answer(rig, jit)
+            clock.advance(wait / 2)    # after the JIT's answer: a JIT round trip this slow would be the policy's hop
             core.dispatch()
             (verify,) = rig.take(wire.Verify)
             clock.advance(wait / 2)

@@ -392,6 +392,23 @@ def test_a_speculating_kind_not_yet_timed_takes_the_largest_correction_timed_the
     assert b.round_seconds(16, 0) == pytest.approx(1.3 * b.model_seconds(16, 0), rel=0.01)   # JIT only's first
 
 
+def test_one_stalled_jit_round_trip_does_not_turn_speculation_off():
+    """The hop is the median of the last JITs' round trips beyond the draft's compute. One JIT that waited 1.5 s
+    (queued behind a restarted draft's catch-up) moves nothing; a decayed mean took a tenth of it, 0.15 s on every
+    predicted JIT, and K went to 0 at batch 1. A lasting change is followed within the window."""
+    a = AdaptiveK(3, "sd", explore_every=0)
+    timings(a, verify_c0=0.025, verify_c1=0.001, draft_step=0.0015)
+    feed(a, [0.6, 0.6, 0.6])
+    for _ in range(20):
+        a.observe_jit(roundtrip=0.0065, compute=0.0045)
+    assert a.hop == pytest.approx(0.002) and a.choose(1, current=3) == 3
+    a.observe_jit(roundtrip=1.5, compute=0.0045)
+    assert a.hop == pytest.approx(0.002) and a.choose(1, current=3) == 3
+    for _ in range(5):
+        a.observe_jit(roundtrip=0.0245, compute=0.0045)
+    assert a.hop == pytest.approx(0.020)
+
+
 def test_a_round_time_counts_within_bounds_and_bad_ones_not_at_all():
     a = AdaptiveK(3, "ssd", realized_decay=0.5)
     a.observe_round_time(1, 2, 100 * a.model_seconds(1, 2))   # a stall: counted as 3x, not 100x
