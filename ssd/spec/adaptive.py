@@ -201,12 +201,7 @@ class CostTable:
         if self._curve is None:
             pts = sorted((k, self._medians[k] * self.drift) for k in self._recent
                          if isinstance(k, int) and self._trusted(k))
-            slope = 0.0
-            if len(pts) >= 2:
-                mx = statistics.fmean(x for x, _ in pts)
-                my = statistics.fmean(y for _, y in pts)
-                sxx = sum((x - mx) ** 2 for x, _ in pts)
-                slope = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sxx)
+            slope = max(0.0, statistics.linear_regression(*zip(*pts)).slope) if len(pts) >= 2 else 0.0
             self._curve = (pts, slope)
         pts, slope = self._curve
         if len(pts) < 2:
@@ -216,9 +211,9 @@ class CostTable:
         if n < pts[0][0]:   # fewer positions than any measured: not below the line from zero through the first
             n0, t0 = pts[0]
             return max(t0 + slope * (n - n0), t0 * n / n0)
-        i = bisect.bisect_left(pts, (n, -1.0))
-        (n1, t1) = pts[i]
-        if n1 == n or i == 0:
+        i = bisect.bisect_left(pts, (n, -1.0))   # pts[i]: the first measured n at or above n
+        n1, t1 = pts[i]
+        if n1 == n:
             return t1
         n0, t0 = pts[i - 1]
         return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
@@ -412,7 +407,7 @@ class AdaptiveK:
             best = now
         if now is not None and now in eligible and now[0] > 0 and best[0] not in (0, now[0]):
             if not self.verify.measured(batch * (best[0] + 1), batch):
-                best = now   # another K > 0 whose verify size was not measured lately: its figure is the line's
+                best = now   # another K > 0 whose verify size was not measured lately: its figure is a guess
         k = best[0]
         if k > 0:
             self.probe_interval = self.probe_every
