@@ -233,6 +233,7 @@ class RoundCore:
         d.send(wire.DraftAdd([wire.DraftAddItem(req.seq, tokens, params, self.features.take(req),
                                                 req.prompt_len or len(req.prompt))]))
         req.draft_sent = len(tokens)
+        req.draft_fresh = True
 
     def next(self, req: Request, j: int, t: int) -> None:
         """After an outcome (j, t*): the next speculation from the cache, or a backup (none when K is 0)."""

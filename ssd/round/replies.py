@@ -220,7 +220,8 @@ class Replies:
         core.times.draft_rounds += 1
         core.times.draft_round_s += msg.elapsed_s
         core.metrics.draft_round(msg.elapsed_s)
-        core.planner.observe_draft_round(worker, msg.elapsed_s)
+        if not self._first_answer(worker, (msg.seq,)):
+            core.planner.observe_draft_round(worker, msg.elapsed_s)
         req = core.active.get(msg.seq)
         if req is None or req.draft is not worker:
             log.debug("draft %s: cache entries for seq %d, which is not its sequence (now): ignored",
@@ -239,7 +240,7 @@ class Replies:
         if roundtrip is not None:
             core.planner.observe_jit(roundtrip, msg.elapsed_s)
         steps = max((len(tokens) for _, tokens, _ in msg.items), default=0)   # K of this JIT, not the draft's
-        if steps:
+        if steps and not self._first_answer(worker, (seq for seq, _, _ in msg.items)):
             core.timings.observe_draft_step(len(msg.items), msg.elapsed_s / steps)
         core.times.jit_batches += 1
         core.times.jit_s += msg.elapsed_s
@@ -263,6 +264,19 @@ class Replies:
             req.round.tokens = tokens[:room]
             req.round.proposal = (proposal or [])[:room] if req.params.needs_proposal else None
             req.phase = Phase.READY
+
+    def _first_answer(self, worker, seqs) -> bool:
+        """Whether this answer of the draft is its first for any of `seqs` since it was (re)given them (those are
+        then marked answered). Such an answer's compute also holds the KV of every token the draft was given: the
+        prompt of a new request, the whole context after the draft's restart. Taken as K draft steps, one first JIT
+        after a restart (0.05 s for 3 steps of 4 ms) became the whole draft-step line while no other JIT had been
+        timed, and SD ran a 16-token request at K = 0 (a CI run of tests/services/test_supervisor.py, 2026-12-05)."""
+        fresh = False
+        for seq in seqs:
+            req = self.core.active.get(seq)
+            if req is not None and req.draft is worker and req.draft_fresh:
+                req.draft_fresh, fresh = False, True
+        return fresh
 
     def draft_error(self, worker, msg: wire.Error) -> None:
         core = self.core

@@ -52,6 +52,8 @@ class Request:
     phase: Phase = Phase.PREFILL
     round: RoundState = field(default_factory=RoundState)
     draft_sent: int = 0            # committed tokens the draft knows
+    draft_fresh: bool = False      # (re)added to its draft, which has not answered for it since: the draft's next
+                                   # JIT or round for it also computes the KV of every token it was given
     last_outcome_at: float | None = None   # the core's clock() at its last outcome (prefill's first token
                                            # included): a round's time as the sequence lived it; None: not timed
     target_failures: int = 0       # target batches that failed as a whole while holding this sequence

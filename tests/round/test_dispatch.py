@@ -12,6 +12,7 @@ from ssd.models.loader import load_model
 from ssd.params import FinishReason, SamplingParams
 from ssd.round import CoreConfig, Phase
 from ssd.round.state import MAX_TARGET_FAILURES
+from ssd.spec.backup import LinearEma
 from ssd.spec.fanout import FIRST_WINDOW
 from tests.round.fakes import Clock, Rig, events
 
@@ -387,6 +388,47 @@ def test_with_speculation_off_no_draft_round_is_sent_and_no_lookup_is_counted_as
             assert verify.items[0].tokens == [] and not rig.take(wire.DraftRound) and not rig.take(wire.Jit)
             answer(rig, verify)
         assert req.stats.cache == {"forced": 1} and req.stats.backups == {"none": 4}
+    finally:
+        core.shutdown("the test is over")
+
+
+def test_a_drafts_first_answer_for_a_sequence_is_not_timed_as_draft_steps():
+    """The draft computes a sequence's KV lazily: its first JIT after a DraftAdd (a new request, or a rebuild after
+    the draft lost the sequence) also feeds the whole prompt. Timed as K steps, one such JIT became the draft-step
+    line (no other JIT had been timed) and SD ran a whole request at K = 0. Only the later JITs are timed."""
+    rig = make_sd_rig("sd")
+    core = rig.core
+    seen = []
+
+    class Recording(LinearEma):
+        def observe(self, batch_size, seconds):
+            seen.append((batch_size, seconds))
+
+    core.timings.draft_step = Recording(4e-3, 4e-4)
+
+    def jit_round(elapsed):
+        core.dispatch()
+        (jit,) = rig.take(wire.Jit)
+        rig.core.on_message(rig.drafts[0], wire.JitResult(jit.batch_id, [(it.seq, [11, 12, 13], None)
+                                                                         for it in jit.items], elapsed))
+        core.dispatch()
+        answer(rig, rig.take(wire.Verify)[0], token=13)
+
+    try:
+        req = sd_admit(rig)
+        jit_round(0.05)    # its first: catch-up of the prompt, not timed
+        jit_round(0.012)
+        jit_round(0.015)
+        assert seen == [(1, pytest.approx(0.004)), (1, pytest.approx(0.005))]
+        assert not req.draft_fresh
+        rig.core.on_message(rig.drafts[0], wire.Error("unknown_sequence", "no such sequence", req.seq))
+        (add,) = rig.take(wire.DraftAdd)   # rebuilt from its committed tokens: the next JIT catches up again
+        assert [it.seq for it in add.items] == [req.seq] and req.draft_fresh
+        core.dispatch()   # the round waiting for a JIT took an n-gram backup instead
+        answer(rig, rig.take(wire.Verify)[0], token=13)
+        jit_round(0.08)
+        jit_round(0.009)
+        assert seen[2:] == [(1, pytest.approx(0.003))]
     finally:
         core.shutdown("the test is over")
 
