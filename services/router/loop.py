@@ -121,11 +121,15 @@ class RouterLoop:
             self._poller.poll(self._poll_ms(core.next_timer()))
             self._wake.clear()
             self.passes += 1
-            for p in self.peers:
-                for msg in p.receive():
-                    core.on_message(p, msg)
-            self._liveness()
-            core.step()
+            core.hold_events()   # the streams hear of this pass once what it sends is out
+            try:
+                for p in self.peers:
+                    for msg in p.receive():
+                        core.on_message(p, msg)
+                self._liveness()
+                core.step()
+            finally:
+                core.release_events()
         core.shutdown("the router is shutting down")
         self._close()
 

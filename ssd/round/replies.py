@@ -118,7 +118,7 @@ class Replies:
                 self._bad_target_reply(worker, req, bad)
                 continue
             if prompt_lps is not None:   # before the first token, once: a request leaves PREFILL with it
-                req.events.put(("prompt_logprobs", prompt_lps))
+                self.core.emit(req, ("prompt_logprobs", prompt_lps))
             core.features.keep(req, blocks.get(seq))
             core.cache.start_sequence(seq, first_round=0)
             core.commit(req, [token], lps)

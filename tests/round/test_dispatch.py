@@ -101,6 +101,35 @@ def test_an_unanswered_batch_stops_holding_after_verify_hold():
         rig.core.shutdown("the test is over")
 
 
+def test_held_events_reach_the_streams_after_the_pass_sends_and_in_their_order(rig):
+    """The router holds a pass's events until its sends are out: an outcome's tokens (and a finished request's
+    done) reach the streams only at `release_events`, after the next verify left, in the order they were made."""
+    core = rig.core
+    a, b = admit(rig, 2, max_tokens=3)
+    prefilled(rig, [a, b])
+    assert [kind for kind, _ in events(a)] == ["tokens"]   # not held: the prefill's first token went at once
+    events(b)
+    core.dispatch()
+    (v,) = rig.take(wire.Verify)
+    core.hold_events()
+    answer(rig, v, token=4)
+    core.dispatch()
+    (nxt,) = rig.take(wire.Verify)   # the next verify is out while the outcome's tokens are still held
+    assert events(a) == events(b) == []
+    core.release_events()
+    assert events(a) == events(b) == [("tokens", [4])]
+    core.hold_events()
+    answer(rig, nxt, token=5)   # the third token ends both
+    core.end(b, FinishReason.ABORT)   # already finished: no second done
+    assert events(a) == [] and b.finish is FinishReason.LENGTH
+    core.release_events()
+    for r in (a, b):
+        assert events(r) == [("tokens", [5]), ("done", FinishReason.LENGTH)]
+    core.hold_events()
+    core.release_events()   # nothing held: nothing sent
+    assert events(a) == []
+
+
 def test_an_empty_answer_releases_the_target(rig):
     core = rig.core
     a, b = admit(rig, 2)

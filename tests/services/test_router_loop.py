@@ -170,3 +170,45 @@ def test_the_poll_ends_at_the_cores_timer():
         assert router._poll_ms(now + 60.0) == 20
     finally:
         _stop(router, threading.Thread(), workers, ctx)
+
+
+def test_a_passes_tokens_reach_the_stream_after_the_verify_it_sent():
+    """The loop sends a pass's next verify before it hands the pass's tokens to the streams: each event wakes its
+    stream's thread, and at batch 16 those threads kept the loop from the target's next verify for milliseconds."""
+    import queue
+
+    ctx = zmq.Context()
+
+    def target(msg):
+        if isinstance(msg, wire.Prefill):
+            return [wire.Prefilled([(it.seq, 3) for it in msg.items], 0.001, [])]
+        if isinstance(msg, wire.Verify):
+            return [wire.Outcomes(msg.batch_id, [wire.Outcome(it.seq, 0, 4) for it in msg.items], 0.001, [])]
+        return []
+
+    router, workers = _loop_with(ctx, target)
+    loop = threading.Thread(target=router.run, daemon=True)
+    try:
+        router.handshake()
+        (peer,) = router.pool.targets
+        verifies, send = [], peer.send
+
+        def counting_send(msg):
+            if isinstance(msg, wire.Verify):
+                verifies.append(msg.batch_id)
+            return send(msg)
+
+        peer.send = counting_send
+        seen = queue.Queue()
+
+        class Stream:   # each event with the verify batches sent when it reached the stream
+            def put(self, event):
+                seen.put((event, len(verifies)))
+
+        loop.start()
+        router.round.submit("a", [5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True), events=Stream())
+        got = [seen.get(timeout=30) for _ in range(5)]
+        assert got == [(("tokens", [3]), 1), (("tokens", [4]), 2), (("tokens", [4]), 3), (("tokens", [4]), 3),
+                       (("done", FinishReason.LENGTH), 3)]
+    finally:
+        _stop(router, loop, workers, ctx)
