@@ -16,7 +16,7 @@ from typing import Callable
 
 import zmq
 
-from ssd import wire
+from ssd import trace, wire
 from ssd.curve import ClientKeys
 from ssd.worker.io import bound_frames, recv_message
 
@@ -49,6 +49,8 @@ class Peer:
     def send(self, msg) -> bool:
         try:
             self.sock.send_multipart(wire.encode(msg), zmq.NOBLOCK)
+            if trace.ON and isinstance(msg, wire.Verify):
+                trace.mark("router_send", msg.batch_id)
             return True
         except zmq.Again:  # not connected (IMMEDIATE) or its queue is full
             return False
@@ -72,6 +74,8 @@ class Peer:
             self.last_seen = self.clock()
             if isinstance(msg, wire.Ready):
                 self.ready = msg
+            elif trace.ON and isinstance(msg, wire.Outcomes):
+                trace.mark("router_recv", msg.batch_id)
             out.append(msg)
 
     def tick(self, now: float) -> str | None:

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import time
 
-from ssd import wire
+from ssd import trace, wire
 from ssd.constraints import Constraint
 from ssd.engine.features import FeatureBlock, to_wire
 from ssd.engine.handler import Handler, Sender
@@ -184,6 +184,11 @@ class TargetHandler(Handler):
         asked = {(peer, msg.batch_id) for peer, msg in messages if msg.features}
         outcomes = self.worker.verify(items, features=bool(asked)) if items else []
         elapsed = time.perf_counter() - t0
+        if trace.ON:
+            now = time.monotonic()
+            for _, msg in messages:
+                trace.mark("compute_start", msg.batch_id, now - elapsed)
+                trace.mark("compute_end", msg.batch_id, now)
         grouped = {(peer, msg.batch_id): [] for peer, msg in messages}  # every Verify is answered, even if empty
         for owner, out in zip(owners, outcomes):
             grouped[owner].append(dataclasses.replace(out, seq=out.seq[1]))

@@ -24,7 +24,7 @@ from typing import Callable
 
 import zmq
 
-from ssd import wire
+from ssd import trace, wire
 from ssd.curve import ServerKeys
 from ssd.wake import Wake
 
@@ -135,6 +135,8 @@ class WorkerEndpoint:
                     except queue.Empty:
                         break
                     sock.send_multipart([peer, *wire.encode(msg)])
+                    if trace.ON and isinstance(msg, wire.Outcomes):
+                        trace.mark("target_sent", msg.batch_id)
         finally:
             sock.close()
             if auth is not None:
@@ -168,4 +170,6 @@ class WorkerEndpoint:
         elif isinstance(msg, wire.Hello):
             sock.send_multipart([peer, *wire.encode(self.ready())])
         else:
+            if trace.ON and isinstance(msg, wire.Verify):
+                trace.mark("target_recv", msg.batch_id)
             self.inbox.put((peer, msg))
