@@ -75,18 +75,10 @@ def test_the_targets_endpoint_marks_a_verify_in_and_its_outcomes_out(traced):
 
 
 def test_the_router_marks_each_verify_it_sends_and_each_outcome_it_receives(traced):
-    from tests.services.test_router_loop import _drain, _loop_with, _stop
+    from tests.services.test_router_loop import _drain, _loop_with, _stop, plain_target
 
     ctx = zmq.Context()
-
-    def target(msg):
-        if isinstance(msg, wire.Prefill):
-            return [wire.Prefilled([(it.seq, 3) for it in msg.items], 0.001, [])]
-        if isinstance(msg, wire.Verify):
-            return [wire.Outcomes(msg.batch_id, [wire.Outcome(it.seq, 0, 4) for it in msg.items], 0.001, [])]
-        return []
-
-    router, workers = _loop_with(ctx, target)
+    router, workers = _loop_with(ctx, plain_target())
     loop = threading.Thread(target=router.run, daemon=True)
     try:
         router.handshake()

@@ -50,6 +50,21 @@ def _loop_with(ctx, target, draft=None, mode="ar"):
     return router, workers
 
 
+def plain_target(verify_s: float = 0.001):
+    """A target's replies: first token 3 for each prefilled sequence, then token 4 a verify (none accepted), each
+    verify taking `verify_s`."""
+    import time
+
+    def target(msg):
+        if isinstance(msg, wire.Prefill):
+            return [wire.Prefilled([(it.seq, 3) for it in msg.items], 0.001, [])]
+        if isinstance(msg, wire.Verify):
+            time.sleep(verify_s)
+            return [wire.Outcomes(msg.batch_id, [wire.Outcome(it.seq, 0, 4) for it in msg.items], verify_s, [])]
+        return []
+    return target
+
+
 def _stop(router, loop, workers, ctx):
     router.stop()
     if loop.ident is not None:
@@ -133,16 +148,7 @@ def test_the_loop_sleeps_while_a_verify_is_out_and_a_submit_wakes_it(monkeypatch
     import services.router.loop as loop_module
 
     ctx = zmq.Context()
-
-    def target(msg):
-        if isinstance(msg, wire.Prefill):
-            return [wire.Prefilled([(it.seq, 3) for it in msg.items], 0.001, [])]
-        if isinstance(msg, wire.Verify):
-            time.sleep(0.3)
-            return [wire.Outcomes(msg.batch_id, [wire.Outcome(it.seq, 0, 4) for it in msg.items], 0.3, [])]
-        return []
-
-    router, workers = _loop_with(ctx, target)
+    router, workers = _loop_with(ctx, plain_target(0.3))
     loop = threading.Thread(target=router.run, daemon=True)
     try:
         router.handshake()
@@ -178,15 +184,7 @@ def test_a_passes_tokens_reach_the_stream_after_the_verify_it_sent():
     import queue
 
     ctx = zmq.Context()
-
-    def target(msg):
-        if isinstance(msg, wire.Prefill):
-            return [wire.Prefilled([(it.seq, 3) for it in msg.items], 0.001, [])]
-        if isinstance(msg, wire.Verify):
-            return [wire.Outcomes(msg.batch_id, [wire.Outcome(it.seq, 0, 4) for it in msg.items], 0.001, [])]
-        return []
-
-    router, workers = _loop_with(ctx, target)
+    router, workers = _loop_with(ctx, plain_target())
     loop = threading.Thread(target=router.run, daemon=True)
     try:
         router.handshake()
