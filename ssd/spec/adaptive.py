@@ -50,8 +50,7 @@ Contract
     so the hit rate falls as the batch grows: 0.73 at batch 1, 0.35 at 16 in one run, where the rate over all
     lookups (mostly batch 1-4's) still said 0.6 and made K = 1 from the cache look faster than plain decoding.
   - ``observe_round_time(batch, k, seconds, cached)``: one sequence's round as it lived it (its previous outcome to
-    this one) at K = k in a batch of ``batch``. Its ratio to the model's ``T(k)`` below is kept as a decayed mean (each
-    sequence of a batch weighing 1 / ``batch`` of a round: they share the round's time) per
+    this one) at K = k in a batch of ``batch``. Its ratio to the model's ``T(k)`` below is kept as a decayed mean per
     class (K = 0, K > 0 from the cache, K > 0 by JIT only) and batch-size bucket (1, 2-3, 4-7, 8-15, ...), clamped
     to [0.5, 3], and multiplies
     the model's prediction for that class and bucket: the model holds the verify, the draft and the hop, not the
@@ -333,20 +332,12 @@ class AdaptiveK:
         return CACHED if self.mode == "ssd" and cached else JIT
 
     def observe_round_time(self, batch: int, k: int, seconds: float, cached: bool | None = None) -> None:
-        """One sequence's round; see the module docstring. The sequences of one verify batch share their round's
-        time, so each counts 1 / `batch` of a round (the decay per observation is `realized_decay` ** (1 / `batch`)):
-        decayed per sequence, one round at batch 16 moved the mean 39% of the way to what it read, the last two or
-        three rounds were all it held, and at batch 16 the predicted ratio of K = 1 to K = 0 swung between 0.93 and
-        1.11 within seconds and the choice flipped between them ten times in six seconds (2026-12-06). A class first
-        timed in a bucket starts from the correction it borrowed there (`correction`), so its prediction does not jump
-        back to the bare model when its first round comes in."""
         if seconds <= 0 or not 0 <= k <= self.k_max:
             return
         batch = max(1, batch)
         ratio = min(3.0, max(0.5, seconds / self.model_seconds(batch, k, cached)))
-        b, kind = self.bucket(batch), self.kind(k, cached)
-        d = self.realized_decay ** (1.0 / batch)
-        self.realized[(b, kind)] = d * self.correction(b, kind) + (1 - d) * ratio
+        key, d = (self.bucket(batch), self.kind(k, cached)), self.realized_decay
+        self.realized[key] = d * self.realized.get(key, 1.0) + (1 - d) * ratio
 
     # ---- the decision ----------------------------------------------------------------------------
     def _acceptance(self, source: str) -> list[float]:
@@ -374,17 +365,13 @@ class AdaptiveK:
         for JITs and out-of-step sequences besides: at batch 16 the JIT-only class, never timed there, read plain
         decoding's 0.99-1.07 while rounds from the cache read 1.13-1.48, and K > 0 by JIT only went on for a few rounds
         at a time where it ran below plain decoding (`bench/results/batch16_excursions.log`, 2026-12-05)."""
-        return self.model_seconds(batch, k, cached) * self.correction(self.bucket(batch), self.kind(k, cached))
-
-    def correction(self, bucket: int, kind: int) -> float:
-        """The realized / model factor for rounds of class `kind` in batch-size bucket `bucket`: their own once
-        timed there, else borrowed (`round_seconds`), else 1."""
-        c = self.realized.get((bucket, kind))
+        b, kind = self.bucket(batch), self.kind(k, cached)
+        c = self.realized.get((b, kind))
         if c is None:
-            timed = [self.realized[(bucket, other)] for other in BORROW[kind] if (bucket, other) in self.realized]
+            timed = [self.realized[(b, other)] for other in BORROW[kind] if (b, other) in self.realized]
             if timed:
                 c = timed[0] if kind == PLAIN else max(timed)
-        return 1.0 if c is None else c
+        return self.model_seconds(batch, k, cached) * (1.0 if c is None else c)
 
     def model_seconds(self, batch: int, k: int, cached: bool | None = None) -> float:
         """The model's round time: the verify, and the draft's time a round waits for."""

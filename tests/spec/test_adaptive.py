@@ -28,13 +28,6 @@ def timings(a: AdaptiveK, verify_c0=0.05, verify_c1=0.002, draft_step=0.01):
         a.observe_draft_step(b, draft_step * (1 + 0.05 * b))
 
 
-def timed_round(a: AdaptiveK, batch: int, k: int, factor: float, cached: bool | None = None) -> None:
-    """One round of a verify batch of `batch` sequences at K = k, each timed at `factor` x the model's round time
-    (the router times every sequence of the batch)."""
-    for _ in range(batch):
-        a.observe_round_time(batch, k, factor * a.model_seconds(batch, k, cached), cached)
-
-
 def test_starts_speculating_from_the_prior():
     assert AdaptiveK(4, "ssd").choose(1) > 0 and AdaptiveK(2, "sd").choose(1) == 2
 
@@ -344,9 +337,9 @@ def test_rounds_slower_than_the_model_turn_speculation_down_at_their_batch_size_
     feed(a, [0.5, 0.5, 0.5])
     assert a.choose(8) == 3 and a.choose(1) == 3
     for _ in range(200):
-        timed_round(a, 8, 3, 1.5)
-        timed_round(a, 9, 0, 1.0)
-    assert a.realized == {(3, JIT): pytest.approx(1.5, abs=0.01), (3, PLAIN): pytest.approx(1.0, abs=0.01)}
+        a.observe_round_time(8, 3, 1.5 * a.model_seconds(8, 3))
+        a.observe_round_time(9, 0, a.model_seconds(9, 0))
+    assert a.realized == {(3, JIT): pytest.approx(1.5, abs=0.01), (3, PLAIN): pytest.approx(1.0)}
     assert a.choose(8) == 0 and a.choose(15) == 0   # one bucket: 8-15
     assert a.choose(1) == 3 and a.choose(4) == 3
     assert a.round_seconds(8, 3) == pytest.approx(a.realized[(3, JIT)] * a.model_seconds(8, 3))
@@ -362,7 +355,7 @@ def test_a_kind_of_round_not_yet_timed_at_a_batch_size_takes_the_other_kinds_cor
     feed(a, [0.48, 0.5, 0.5])   # the model alone: K = 1 3% faster than plain, within the margin
     a.hit = 0.5
     for _ in range(200):
-        timed_round(a, 14, 0, 1.15)
+        a.observe_round_time(14, 0, 1.15 * a.model_seconds(14, 0))
     assert a.round_seconds(14, 1) == pytest.approx(1.15 * a.model_seconds(14, 1), rel=0.01)
     assert a.round_seconds(1, 1) == a.model_seconds(1, 1)   # another bucket: untouched
     # with plain's correction on plain rounds only, K = 1 would be more than the margin faster: chosen
@@ -370,7 +363,7 @@ def test_a_kind_of_round_not_yet_timed_at_a_batch_size_takes_the_other_kinds_cor
     assert uncorrected_k1 > (1 + a.margin) * a.throughput(14, 0)
     assert a.choose(14, 0) == 0
     for _ in range(200):
-        timed_round(a, 14, 1, 0.9)
+        a.observe_round_time(14, 1, 0.9 * a.model_seconds(14, 1))
     assert a.round_seconds(14, 1) == pytest.approx(0.9 * a.model_seconds(14, 1), rel=0.01)
 
 
@@ -385,8 +378,8 @@ def test_a_speculating_kind_not_yet_timed_takes_the_largest_correction_timed_the
     for i in range(200):
         a.observe_lookup(i % 3 == 0, 16)
     for _ in range(300):
-        timed_round(a, 16, 0, 1.066)
-        timed_round(a, 16, 1, 1.132, cached=True)
+        a.observe_round_time(16, 0, 1.066 * a.model_seconds(16, 0))
+        a.observe_round_time(16, 1, 1.132 * a.model_seconds(16, 1, True), cached=True)
     assert a.round_seconds(16, 1, False) == pytest.approx(1.132 * a.model_seconds(16, 1, False), rel=0.01)
     with_plains = 16 * a.expected_tokens(1, False) / (1.066 * a.model_seconds(16, 1, False))
     assert with_plains > (1 + a.margin) * a.throughput(16, 0)
@@ -394,8 +387,8 @@ def test_a_speculating_kind_not_yet_timed_takes_the_largest_correction_timed_the
     b = AdaptiveK(3, "ssd", explore_every=0)
     timings(b)
     for _ in range(300):
-        timed_round(b, 16, 1, 1.3, cached=False)
-        timed_round(b, 16, 1, 0.9, cached=True)
+        b.observe_round_time(16, 1, 1.3 * b.model_seconds(16, 1, False), cached=False)
+        b.observe_round_time(16, 1, 0.9 * b.model_seconds(16, 1, True), cached=True)
     assert b.round_seconds(16, 0) == pytest.approx(1.3 * b.model_seconds(16, 0), rel=0.01)   # JIT only's first
 
 
@@ -414,55 +407,6 @@ def test_one_stalled_jit_round_trip_does_not_turn_speculation_off():
     for _ in range(5):
         a.observe_jit(roundtrip=0.0245, compute=0.0045)
     assert a.hop == pytest.approx(0.020)
-
-
-def test_a_verify_batchs_sequences_count_as_one_round_together():
-    """The sequences of a verify batch share its round's time: a round at batch 16 (16 timed sequences) moves the
-    correction as far as one round at batch 1 does, not 39% of the way (decayed per sequence, the last two or three
-    rounds were all the correction held at batch 16)."""
-    one, sixteen = AdaptiveK(3, "sd"), AdaptiveK(3, "sd")
-    timed_round(one, 1, 0, 2.0)
-    timed_round(sixteen, 16, 0, 2.0)
-    moved = one.realized[(0, PLAIN)] - 1.0
-    assert moved == pytest.approx(1.0 - one.realized_decay)
-    assert sixteen.realized[(4, PLAIN)] - 1.0 == pytest.approx(moved)
-
-
-def test_a_class_first_timed_in_a_bucket_starts_from_the_correction_it_borrowed_there():
-    a = AdaptiveK(3, "ssd", explore_every=0)
-    timings(a)
-    for _ in range(200):
-        timed_round(a, 16, 1, 1.2, cached=True)
-    borrowed = a.round_seconds(16, 0) / a.model_seconds(16, 0)
-    assert borrowed == pytest.approx(1.2, abs=0.01)
-    timed_round(a, 16, 0, 1.0)   # one round of its own moves it a little from there, not back to 1
-    assert a.realized[(4, PLAIN)] == pytest.approx(borrowed - (borrowed - 1.0) * (1.0 - a.realized_decay), rel=1e-6)
-
-
-def test_round_to_round_noise_at_batch_16_does_not_flip_the_choice():
-    """Batch 16, K = 1 truly 3% faster than K = 0 in the model's eyes (under the margin), each round's time off the
-    model by up to +-12% (a shared host; all of a round's sequences alike). The corrections average over rounds, so
-    the choice stays at K = 0; decayed per sequence they followed each round, the predicted ratio of K = 1 to K = 0
-    swung 0.93-1.11 and the choice flipped about every other second (2026-12-06, a traced stack)."""
-    a = AdaptiveK(3, "ssd", explore_every=0)
-    timings(a, verify_c0=0.045, verify_c1=0.0016, draft_step=0.0025)
-    feed(a, [0.6, 0.6, 0.6])
-    a.cached = False
-    scale = 1.0
-    while a.throughput(16, 1, False) > 1.03 * a.throughput(16, 0):   # K = 1 by JIT only 3% ahead of plain
-        scale *= 1.01
-        a.hop = 0.002 * scale
-    for _ in range(100):   # both classes timed as modelled first
-        timed_round(a, 16, 0, 1.0)
-        timed_round(a, 16, 1, 1.0, cached=False)
-    noise = [0.88, 1.12, 0.95, 1.07, 0.9, 1.1, 1.0, 0.93, 1.11, 0.97, 1.04, 0.89]
-    k, flips = 0, 0
-    for i in range(240):
-        timed_round(a, 16, k, noise[(5 * i) % len(noise)], cached=False if k else None)
-        now = a.choose(16, k)
-        flips += now != k
-        k = now
-    assert flips <= 2
 
 
 def test_a_round_time_counts_within_bounds_and_bad_ones_not_at_all():
@@ -501,8 +445,8 @@ def test_ssd_weighs_each_k_from_the_cache_and_by_jit_only_on_what_each_measured(
     assert a.expected_tokens(2, False) == pytest.approx(a._expected(a.acceptance, 2))
     assert a.choose(1) > 0 and a.cached                      # batch 1: from the cache
     for _ in range(300):
-        timed_round(a, 8, 3, 1.3, cached=True)
-        timed_round(a, 8, 3, 1.0, cached=False)
+        a.observe_round_time(8, 3, 1.3 * a.model_seconds(8, 3, True), True)
+        a.observe_round_time(8, 3, a.model_seconds(8, 3, False), False)
     assert a.realized[(3, CACHED)] == pytest.approx(1.3, abs=0.01) and a.realized[(3, JIT)] == pytest.approx(1.0)
     assert a.choose(8) > 0 and not a.cached                  # batch 8: by JIT only
     assert "throughput_jit" in a.summary(8) and "batch 8+ K>0 cached" in a.summary(8)["realized"]
