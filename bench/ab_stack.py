@@ -48,7 +48,10 @@ size does not displace the K in use) against 1f787bb at batch 1 with sd3 and ssd
 ar, ssd-auto, sd-auto, ar, ssd-auto, sd-auto at batches 4, 8 and 16, 2026-12-05.)
 
 `--k` sets the stack's K (the router's most and the draft's own); `--draft-flag` passes one more flag to the draft
-service (repeat it for a flag's value).
+service (repeat it for a flag's value); `--router-debug` runs the router at DEBUG and adds each run's adaptive K changes
+for its mode (`switches`, counted in the router's log). `bench/results/realized_per_round_ab.jsonl`: 8873f02 (the
+realized-time correction per verify batch, reverted in f6e2d76) against 1825585 at batch 16 and 8 with
+`--router-debug`, 2026-12-06, from a scratch copy of this loop before the option was here.
 """
 from __future__ import annotations
 
@@ -66,13 +69,17 @@ from ssd.prompts import PROMPTS_BY_KIND  # noqa: E402
 
 
 def main(label: str, batches=(8, 16), modes=("ssd", "sd", "ssd"), new_tokens: int = 96,
-         draft_dtype: str = "", per_client: int = 0, k: int = 3, draft_flags: tuple[str, ...] = ()) -> None:
+         draft_dtype: str = "", per_client: int = 0, k: int = 3, draft_flags: tuple[str, ...] = (),
+         router_debug: bool = False) -> None:
     prompts_all = [p for _, p in PROMPTS_BY_KIND]
     # `ssd bench`'s pinning, spelled out here: the older checkout of an A/B has no shared helper to call
     flags = [*(["--dtype", draft_dtype] if draft_dtype else []), *draft_flags]
+    extra = {"draft": flags} if flags else {}
+    if router_debug:
+        extra["router"] = ["--log-level", "DEBUG"]
+    log_dir = Path("bench/results/logs")
     cfg = StackConfig(mode="ssd", drafts=1, k=k, max_batch=max(batches), target_cpus="0", draft_cpus="1",
-                      router_cpus="1", threads=1, log_dir=Path("bench/results/logs"),
-                      extra={"draft": flags} if flags else {})
+                      router_cpus="1", threads=1, log_dir=log_dir, extra=extra)
     with Stack(cfg) as stack, Client(stack.grpc_address, timeout=3600) as client:
         client.generate(prompts_all[0], chat=True, max_tokens=4, mode="ssd")   # warm-up
         for b in batches:
@@ -81,6 +88,7 @@ def main(label: str, batches=(8, 16), modes=("ssd", "sd", "ssd"), new_tokens: in
             for mode in modes:
                 base, pin = (mode.rstrip("0123456789"), int(mode[-1])) if mode[-1].isdigit() else (mode, k)
                 cpu0 = _cpu_seconds(stack)
+                log_at = _size(log_dir / "router.log")
                 before = _totals(client)
                 r = run_mode(client, prompts, base, b, new_tokens, pin)
                 d = _diff(_totals(client), before)
@@ -91,7 +99,24 @@ def main(label: str, batches=(8, 16), modes=("ssd", "sd", "ssd"), new_tokens: in
                                   "rounds": d["rounds"], "vb": d["verify_batches"], "offered": d["offered"],
                                   "verify_s": round(d["target_verify_s"], 2), "rt_s": round(d["verify_roundtrip_s"], 2),
                                   "jitb": d["jit_batches"], "jit_s": round(d["jit_s"], 2), "cache": d["cache"],
-                                  "tpr": round(r["tokens_per_round"], 2), "cpu": cpu}), flush=True)
+                                  "tpr": round(r["tokens_per_round"], 2), "cpu": cpu,
+                                  **({"switches": _switches(log_dir / "router.log", log_at, base)}
+                                     if router_debug else {})}), flush=True)
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _switches(router_log: Path, start: int, mode: str) -> int:
+    """The adaptive policy's K changes for `mode` (sd or ssd) the router logged from byte `start` of its log on (at
+    DEBUG it logs every change; at INFO one in 10 s)."""
+    if mode not in ("sd", "sd-auto", "ssd", "ssd-auto"):
+        return 0
+    with open(router_log, "rb") as f:
+        f.seek(start)
+        text = f.read().decode("utf-8", "replace")
+    return text.count(f"adaptive speculation ({mode.removesuffix('-auto')}, ")
 
 
 def _cpu_seconds(stack) -> dict[str, float]:
@@ -114,9 +139,11 @@ if __name__ == "__main__":
                     help="prompts per client (batch x this many a run, so finished clients start new requests and the "
                          "batch stays full until the last ones; default: max(8, batch) prompts)")
     ap.add_argument("--k", type=int, default=3, help="the stack's K (the router's most and the draft's own)")
+    ap.add_argument("--router-debug", action="store_true",
+                    help="run the router at DEBUG and count each run's adaptive K changes for its mode (`switches`)")
     ap.add_argument("--draft-flag", action="append", default=[], dest="draft_flags",
                     help="one more flag for the draft service, repeatable (e.g. --draft-flag=--min-confidence "
                          "--draft-flag=0.1)")
     a = ap.parse_args()
     main(a.label, tuple(int(b) for b in a.batches.split(",")), tuple(a.modes.split(",")), a.new_tokens, a.draft_dtype,
-         a.per_client, a.k, tuple(a.draft_flags))
+         a.per_client, a.k, tuple(a.draft_flags), a.router_debug)

@@ -1,0 +1,34 @@
+"""bench/ab_stack.py's switch count: the adaptive K changes a run's mode logged in the router's log after the run began."""
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_ab_stack():
+    spec = importlib.util.spec_from_file_location("ab_stack", ROOT / "bench" / "ab_stack.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def line(mode: str, batch: int, was: int, now: int) -> str:
+    return (f"2026-12-06 02:07:44,270 router DEBUG adaptive speculation ({mode}, batch {batch}): K {was} -> {now} "
+            "from the cache {'cached': True}\n")
+
+
+def test_switches_count_the_runs_mode_from_where_the_run_began(tmp_path):
+    ab = load_ab_stack()
+    log = tmp_path / "router.log"
+    log.write_text(line("ssd", 16, 0, 1) + line("sd", 16, 3, 0))
+    start = ab._size(log)
+    assert start == log.stat().st_size and ab._size(tmp_path / "missing.log") == 0
+    with open(log, "a") as f:
+        f.write(line("ssd", 16, 1, 0) + line("sd", 16, 0, 1) + "2026-12-06 router INFO something else\n"
+                + line("ssd", 8, 0, 2) + line("sd", 8, 1, 0))
+    assert ab._switches(log, start, "ssd-auto") == 2
+    assert ab._switches(log, start, "ssd") == 2
+    assert ab._switches(log, start, "sd-auto") == 2
+    assert ab._switches(log, 0, "ssd-auto") == 3     # from the start of the log: the earlier run's change too
+    assert ab._switches(log, start, "ar") == 0
+    assert ab._switches(log, start, "ssd1") == 0     # a pinned K does not adapt
