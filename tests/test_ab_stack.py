@@ -1,15 +1,5 @@
 """bench/ab_stack.py's switch count: the adaptive K changes a run's mode logged in the router's log after the run began."""
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_ab_stack():
-    spec = importlib.util.spec_from_file_location("ab_stack", ROOT / "bench" / "ab_stack.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.bench_scripts import load
 
 
 def line(mode: str, batch: int, was: int, now: int) -> str:
@@ -18,7 +8,7 @@ def line(mode: str, batch: int, was: int, now: int) -> str:
 
 
 def test_switches_count_the_runs_mode_from_where_the_run_began(tmp_path):
-    ab = load_ab_stack()
+    ab = load("ab_stack")
     log = tmp_path / "router.log"
     log.write_text(line("ssd", 16, 0, 1) + line("sd", 16, 3, 0))
     start = ab._size(log)

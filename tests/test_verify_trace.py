@@ -1,8 +1,6 @@
 """The verify trace (ssd/trace.py) and bench/verify_trace.py's split of it: the marks each process writes when
 SSD_VERIFY_TRACE is set, and the phases a run's verify batches are split into."""
-import importlib.util
 import threading
-from pathlib import Path
 
 import pytest
 import zmq
@@ -10,15 +8,11 @@ import zmq
 from ssd import trace, wire
 from ssd.params import SamplingParams
 from ssd.worker.io import WorkerEndpoint
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_scripts import load
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("verify_trace", ROOT / "bench" / "verify_trace.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("verify_trace")
 
 
 @pytest.fixture
