@@ -51,7 +51,9 @@ ar, ssd-auto, sd-auto, ar, ssd-auto, sd-auto at batches 4, 8 and 16, 2026-12-05.
 service (repeat it for a flag's value); `--router-debug` runs the router at DEBUG and adds each run's adaptive K changes
 for its mode (`switches`, counted in the router's log). `bench/results/realized_per_round_ab.jsonl`: 8873f02 (the
 realized-time correction per verify batch, reverted in f6e2d76) against 1825585 at batch 16 and 8 with
-`--router-debug`, 2026-12-06, from a scratch copy of this loop before the option was here.
+`--router-debug`, 2026-12-06, from a scratch copy of this loop before the option was here;
+`bench/results/realized_weighted_mean_ab.jsonl`: the same correction as a weighted mean with a prior of four rounds
+(not committed) against b9f82f7, `ssd bench`'s modes at batches 8 and 16 with `--router-debug`, 2026-12-06.
 """
 from __future__ import annotations
 
