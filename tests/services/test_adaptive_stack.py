@@ -37,7 +37,7 @@ def test_a_useless_draft_turns_speculation_off_without_changing_output(stack, ch
         # round (an EMA of 0.99 a round: 0.04 + 0.56 * 0.99^n), and speculation goes off once K = 1 no longer pays.
         # Where a 2-position verify costs about what a 1-position one does, K = 1 pays until the estimate is near
         # 0.1, some 230 rounds of K = 1, about 8 requests of 32 tokens: so up to 20 (most runs turn it off in 4-6;
-        # with 8 the fresh-clone suite missed by a request in 2 runs of 3 on one day, and with 12 it missed once in 3
+        # with 8 the fresh-clone suite missed by a request in 2 runs of 3 on one day, and with 12 it missed once in 2
         # runs on a host whose speed swung 3x within seconds, where the policy's verify costs were unreliable:
         # docs/benchmarks.md, fifteenth session).
         for i in (3, 4, 5) * 6 + (3, 4):
