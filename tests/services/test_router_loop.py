@@ -2,7 +2,9 @@
 nonsense cannot stop it or change a token. What the round core does with each kind of invalid reply, in process:
 tests/round/test_invalid_replies.py.
 """
+import queue
 import threading
+import time
 
 import zmq
 
@@ -53,8 +55,6 @@ def _loop_with(ctx, target, draft=None, mode="ar"):
 def plain_target(verify_s: float = 0.001):
     """A target's replies: first token 3 for each prefilled sequence, then token 4 a verify (none accepted), each
     verify taking `verify_s`."""
-    import time
-
     def target(msg):
         if isinstance(msg, wire.Prefill):
             return [wire.Prefilled([(it.seq, 3) for it in msg.items], 0.001, [])]
@@ -143,8 +143,6 @@ def test_the_loop_sleeps_while_a_verify_is_out_and_a_submit_wakes_it(monkeypatch
     """While the target takes 0.3 s over each verify, the loop sleeps in its poll (it used to pass every
     millisecond: ~300 passes a verify); a request submitted while the loop sleeps with a 10-minute idle poll
     still starts at once, woken by the intake."""
-    import time
-
     import services.router.loop as loop_module
 
     ctx = zmq.Context()
@@ -181,8 +179,6 @@ def test_the_poll_ends_at_the_cores_timer():
 def test_a_passes_tokens_reach_the_stream_after_the_verify_it_sent():
     """The loop sends a pass's next verify before it hands the pass's tokens to the streams: each event wakes its
     stream's thread, and at batch 16 those threads kept the loop from the target's next verify for milliseconds."""
-    import queue
-
     ctx = zmq.Context()
     router, workers = _loop_with(ctx, plain_target())
     loop = threading.Thread(target=router.run, daemon=True)
