@@ -90,6 +90,13 @@ Contract
   batches run part-full (in one run at batch 4, 3.6 sequences per verify batch against plain decoding's 3.97),
   and a batch waits for the JITs of its slowest members. At batch 4 the model put K = 1 within 1% of K = 0,
   the margin kept K = 1 in use, and adaptive SSD ran 0.87x plain decoding.
+  To turn speculation on from K = 0 takes more than the margin where it has just failed (``entry_margin``): each
+  stint of speculation that began at K = 0 and ended within ``short_stint`` (64) decisions at the same batch-size
+  bucket doubles the margin for the next one there, up to ``entry_backoff`` (2) times (5%, 10%, 20%); a stint that
+  lasts, or ``backoff_relax`` (1024) decisions without a short one, puts it back. Where the two are predicted within
+  a few percent, the measured terms' noise crossed one threshold both ways: at batch 16 speculation went on and off
+  15 times in 11 s, on predicted gains of 5-11% that ran below plain decoding. A stint that ends at another
+  bucket ended with the batch, and counts for neither.
 * While K = 0 is chosen, ``probe(rounds_since_probe)`` says when a verify batch's sequences should run one
   round at ``k_max`` anyway, so the acceptance estimate stays current and speculation comes back when the draft
   starts paying (a different kind of text, a better draft). The router counts rounds and decides per verify
@@ -234,16 +241,25 @@ class AdaptiveK:
     def __init__(self, k_max: int, mode: str = "ssd", probe_every: int = 16, prior_acceptance: float = 0.6,
                  decay: float = 0.99, max_probe_every: int = 256, verify: CostTable | None = None,
                  draft_step: LinearEma | None = None, explore_every: int = 16, margin: float = 0.05,
-                 realized_decay: float = 0.97):
+                 realized_decay: float = 0.97, entry_backoff: int = 2, short_stint: int = 64,
+                 backoff_relax: int = 1024):
         """`verify` and `draft_step`: measurement lines shared with other users (the router feeds each once);
-        by default this instance keeps its own."""
+        by default this instance keeps its own. `entry_backoff`, `short_stint`, `backoff_relax`: the entry margin's
+        backoff (`entry_margin`)."""
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         if mode not in ("sd", "ssd"):
             raise ValueError(f"mode must be sd or ssd, got {mode!r}")
         if not 0 <= margin < 1:
             raise ValueError(f"margin must be in [0, 1), got {margin}")
+        if entry_backoff < 0 or short_stint < 1 or backoff_relax < 1:
+            raise ValueError(f"entry_backoff must be >= 0, short_stint and backoff_relax >= 1, got {entry_backoff}, "
+                             f"{short_stint}, {backoff_relax}")
         self.margin = margin
+        self.entry_backoff, self.short_stint, self.backoff_relax = entry_backoff, short_stint, backoff_relax
+        self.decisions = 0    # choose() calls so far: the clock of stints and of the backoff
+        self._stint: tuple[int, int] | None = None   # speculation's current stint from K = 0: (bucket, its start)
+        self._short: dict[int, tuple[int, int]] = {}  # bucket -> (short stints in a row, decision of the last)
         self.k_max, self.mode, self.probe_every, self.decay = k_max, mode, probe_every, decay
         self.max_probe_every = max(probe_every, max_probe_every)
         self.probe_interval = probe_every
@@ -396,11 +412,15 @@ class AdaptiveK:
         cache and by JIT only, and `cached` is set to the choice's (the current one's stays unless another is more
         than `margin` faster)."""
         batch = max(1, batch)
+        self.decisions += 1
+        bucket = self.bucket(batch)
         options = [(0, False)] + [(k, c) for c in ((True, False) if self.mode == "ssd" else (False,))
                                   for k in range(1, self.k_max + 1)]
         tp = {o: self.throughput(batch, *o) for o in options}
-        # speculation only where it is predicted more than `margin` faster than plain decoding
-        eligible = [(0, False)] + [o for o in options if o[0] > 0 and tp[o] > tp[(0, False)] * (1.0 + self.margin)]
+        # speculation only where it is predicted more than `margin` faster than plain decoding (to turn it on from
+        # K = 0, more than the entry margin: `entry_margin`)
+        margin = self.entry_margin(batch) if current == 0 else self.margin
+        eligible = [(0, False)] + [o for o in options if o[0] > 0 and tp[o] > tp[(0, False)] * (1.0 + margin)]
         best = max(eligible, key=lambda o: (tp[o], -o[0], o[1]))
         now = None if current is None else (current, current > 0 and self.kind(current) == CACHED)
         if now is not None and now != best and now in eligible and tp[now] * (1.0 + self.margin) >= tp[best]:
@@ -412,7 +432,41 @@ class AdaptiveK:
         if k > 0:
             self.probe_interval = self.probe_every
             self.cached = best[1]
+        self._count_stint(bucket, current, k)
         return k
+
+    def entry_margin(self, batch: int) -> float:
+        """How much faster than K = 0 a K > 0 must be predicted to turn speculation on from K = 0 at `batch`: the
+        margin, doubled for each short stint in a row at that batch size (a stint of speculation turned on from
+        K = 0 that ended within `short_stint` decisions), at most `entry_backoff` times; back to the margin after a
+        stint that lasted, or `backoff_relax` decisions after the last short one. Where K > 0 and K = 0 are
+        predicted within a few percent of each other, the noise in the measured terms crosses the margin both ways
+        and speculation went on and off for nothing: at batch 16 one run switched between K = 0 and K = 1 15 times
+        in 11 s, each time on a predicted gain of 5-11% that ran below plain decoding (pinned K = 1 runs at 0.94-0.95x
+        it there; `bench/results/batch16_flips_trace.log`, 2026-12-06). Leaving speculation keeps the margin: a
+        stint ends as soon as its K is no longer predicted the margin faster."""
+        short = self._short.get(self.bucket(max(1, batch)))
+        if short is None or self.decisions - short[1] > self.backoff_relax:
+            return self.margin
+        return self.margin * 2 ** short[0]
+
+    def _count_stint(self, bucket: int, current: int | None, k: int) -> None:
+        """Start a stint where speculation turns on from K = 0; where it turns off, score it at its batch size: short
+        (one more short stint in a row there, up to `entry_backoff`) or not (none). A stint that ends at another batch
+        size ended with the batch, not with the measurements: it counts for neither."""
+        if current == 0 and k > 0:
+            self._stint = (bucket, self.decisions)
+        elif current is not None and current > 0 and k == 0 and self._stint is not None:
+            started_in, start = self._stint
+            self._stint = None
+            if started_in != bucket:
+                return
+            if self.decisions - start < self.short_stint:
+                previous = self._short.get(bucket)
+                run = previous[0] if previous and self.decisions - previous[1] <= self.backoff_relax else 0
+                self._short[bucket] = (min(self.entry_backoff, run + 1), self.decisions)
+            else:
+                self._short.pop(bucket, None)
 
     def probe(self, rounds_since_probe: int) -> bool:
         """Whether a batch that ran `rounds_since_probe` rounds with speculation off should probe now (a probe
@@ -442,7 +496,7 @@ class AdaptiveK:
 
     def summary(self, batch: int) -> dict:
         """What the choice at `batch` rests on (for logs; changes nothing)."""
-        return {"cached": self.cached,
+        return {"cached": self.cached, "entry_margin": round(self.entry_margin(batch), 3),
                 "acceptance": [round(a, 3) for a in self.acceptance],
                 "by_source": {src: [round(a, 3) for a in acc] for src, acc in self.by_source.items() if self.seen[src]},
                 "hit": round(self.hit, 3), "hit_at_batch": round(self.hit_at(batch), 3),

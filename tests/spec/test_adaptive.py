@@ -513,3 +513,68 @@ def test_the_verify_cost_is_kept_per_shape_before_per_number_of_positions():
     a = AdaptiveK(3, "ssd", verify=t)
     assert a.model_seconds(16, 0) == pytest.approx(0.050)
     assert a.summary(16)["verify_at_batch"] == {16: 0.05}
+
+
+def _scripted(a: AdaptiveK) -> dict:
+    """Make `a`'s predicted throughput by K a dict the test sets."""
+    predicted = {0: 100.0, 1: 100.0, 2: 90.0, 3: 80.0}
+    a.throughput = lambda batch, k, cached=None: predicted[k]
+    return predicted
+
+
+def _stint(a: AdaptiveK, predicted: dict, batch: int, gain: float, length: int) -> int:
+    """From K = 0: K = 1 predicted `gain` faster for `length` decisions, then 2% slower; the K chosen at the first."""
+    predicted[1] = 100.0 * gain
+    first = k = a.choose(batch, 0)
+    for _ in range(length - 1):
+        k = a.choose(batch, k)
+    predicted[1] = 98.0
+    assert a.choose(batch, k) == 0
+    return first
+
+
+def test_short_stints_of_speculation_raise_the_margin_to_turn_it_on_again_at_that_batch_size():
+    """Speculation turned on from K = 0 and off again within `short_stint` decisions doubles the margin a K > 0 needs
+    to turn it on from K = 0 at that batch size (up to `entry_backoff` times): at batch 16 the noise in the measured
+    terms crossed the 5% margin both ways 15 times in 11 s, on gains that ran below plain decoding."""
+    a = AdaptiveK(3, "sd", short_stint=8, entry_backoff=2)
+    predicted = _scripted(a)
+    assert _stint(a, predicted, 16, 1.07, 3) == 1                  # on at 7%: one short stint
+    assert a.entry_margin(16) == pytest.approx(0.10)
+    assert _stint(a, predicted, 16, 1.08, 3) == 0                  # 8% is no longer enough to turn it on
+    assert _stint(a, predicted, 16, 1.12, 3) == 1                  # 12% is: a second short stint
+    assert a.entry_margin(16) == pytest.approx(0.20)
+    assert _stint(a, predicted, 16, 1.50, 3) == 1 and a.entry_margin(16) == pytest.approx(0.20)   # at most twice
+    assert a.entry_margin(1) == pytest.approx(0.05) and a.entry_margin(31) == pytest.approx(0.20)  # per bucket
+    assert _stint(a, predicted, 1, 1.07, 3) == 1                   # batch 1 kept its own margin
+    # once on, speculation stays while it is predicted the margin (not the entry margin) faster
+    predicted[1] = 107.0
+    assert a.choose(16, 1) == 1 and a.choose(16, 0) == 0
+    # a stint that lasts puts the margin back
+    assert _stint(a, predicted, 16, 1.30, 8) == 1
+    assert a.entry_margin(16) == pytest.approx(0.05)
+    assert _stint(a, predicted, 16, 1.07, 3) == 1
+
+
+def test_the_entry_margin_relaxes_and_a_stint_that_ends_at_another_batch_size_does_not_count():
+    a = AdaptiveK(3, "sd", short_stint=8, backoff_relax=20)
+    predicted = _scripted(a)
+    _stint(a, predicted, 16, 1.07, 3)
+    assert a.entry_margin(16) == pytest.approx(0.10)
+    for _ in range(20):
+        a.choose(16, 0)
+    assert a.entry_margin(16) == pytest.approx(0.10)
+    a.choose(16, 0)
+    assert a.entry_margin(16) == pytest.approx(0.05)               # more than `backoff_relax` decisions after the last
+    predicted[1] = 107.0
+    assert a.choose(16, 0) == 1
+    predicted[1] = 98.0
+    assert a.choose(4, 1) == 0                                    # ended as the batch shrank: not the measurements
+    assert a.entry_margin(16) == pytest.approx(0.05) and a.entry_margin(4) == pytest.approx(0.05)
+    a0 = AdaptiveK(3, "sd", entry_backoff=0, short_stint=8)       # no backoff
+    p0 = _scripted(a0)
+    for _ in range(3):
+        assert _stint(a0, p0, 16, 1.07, 2) == 1
+    assert a0.entry_margin(16) == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="entry_backoff"):
+        AdaptiveK(3, "sd", entry_backoff=-1)
