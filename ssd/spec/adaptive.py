@@ -50,9 +50,15 @@ Contract
     so the hit rate falls as the batch grows: 0.73 at batch 1, 0.35 at 16 in one run, where the rate over all
     lookups (mostly batch 1-4's) still said 0.6 and made K = 1 from the cache look faster than plain decoding.
   - ``observe_round_time(batch, k, seconds, cached)``: one sequence's round as it lived it (its previous outcome to
-    this one) at K = k in a batch of ``batch``. Its ratio to the model's ``T(k)`` below is kept as a decayed mean per
-    class (K = 0, K > 0 from the cache, K > 0 by JIT only) and batch-size bucket (1, 2-3, 4-7, 8-15, ...), clamped
-    to [0.5, 3], and multiplies
+    this one) at K = k in a batch of ``batch``. Its ratio to the model's ``T(k)`` below, clamped to [0.5, 3], is kept
+    per class (K = 0, K > 0 from the cache, K > 0 by JIT only) and batch-size bucket (1, 2-3, 4-7, 8-15, ...) as the
+    median of the last ``realized_window`` (64) ratios, a window that starts with 16 ratios of 1 (the prior, which
+    ages out). A median, not a decayed mean: the sequences of one verify batch share its time, so at batch 16 a
+    mean decayed 0.97 a round moved 39% of the way to what one batch read. One slow batch (a stall of the host) took
+    plain decoding's correction from 0.93 to 1.21 within a second, K = 1 read 31% faster than K = 0, and
+    speculation went on where it ran below plain decoding (2026-12-06). A window of 64 ratios is four verify batches
+    at batch 16 and 64 rounds at batch 1; a lasting change is followed within half of it, about as fast as the
+    decayed mean followed one. The correction multiplies
     the model's prediction for that class and bucket: the model holds the verify, the draft and the hop, not the
     waits a real round has on top (a verify held for its batch's JITs, sequences out of step); in one run at batch
     8 on the default pair SD rounds took 0.34 s where the model said 0.29, and speculation stayed on where plain
@@ -131,6 +137,7 @@ SOURCES = ("cache", "jit", "plain")   # where a round's draft tokens came from: 
 KIND_NAMES = {PLAIN: "K=0", CACHED: "K>0 cached", JIT: "K>0"}
 HIT_TRUSTED = 50   # lookups a batch-size bucket needs before its own hit rate is used
 HOP_WINDOW = 9     # JITs whose round trips beyond the draft's compute the hop is the median of
+REALIZED_PRIOR = 16   # ratios of 1 a class's realized-time window starts with (they age out as rounds come)
 BORROW = {PLAIN: (JIT, CACHED), JIT: (PLAIN, CACHED), CACHED: (JIT, PLAIN)}   # an untimed class's stand-ins
 
 
@@ -241,7 +248,7 @@ class AdaptiveK:
     def __init__(self, k_max: int, mode: str = "ssd", probe_every: int = 16, prior_acceptance: float = 0.6,
                  decay: float = 0.99, max_probe_every: int = 256, verify: CostTable | None = None,
                  draft_step: LinearEma | None = None, explore_every: int = 16, margin: float = 0.05,
-                 realized_decay: float = 0.97, entry_backoff: int = 2, short_stint: int = 64,
+                 realized_window: int = 64, entry_backoff: int = 2, short_stint: int = 64,
                  backoff_relax: int = 1024):
         """`verify` and `draft_step`: measurement lines shared with other users (the router feeds each once);
         by default this instance keeps its own. `entry_backoff`, `short_stint`, `backoff_relax`: the entry margin's
@@ -252,6 +259,8 @@ class AdaptiveK:
             raise ValueError(f"mode must be sd or ssd, got {mode!r}")
         if not 0 <= margin < 1:
             raise ValueError(f"margin must be in [0, 1), got {margin}")
+        if realized_window < 2 * REALIZED_PRIOR:
+            raise ValueError(f"realized_window must be >= {2 * REALIZED_PRIOR}, got {realized_window}")
         if entry_backoff < 0 or short_stint < 1 or backoff_relax < 1:
             raise ValueError(f"entry_backoff must be >= 0, short_stint and backoff_relax >= 1, got {entry_backoff}, "
                              f"{short_stint}, {backoff_relax}")
@@ -278,7 +287,8 @@ class AdaptiveK:
         self.rounds = 0
         # realized / modelled round time, by (batch-size bucket, class: PLAIN, CACHED, JIT)
         self.realized: dict[tuple[int, int], float] = {}
-        self.realized_decay = realized_decay
+        self.realized_window = realized_window
+        self._realized_recent: dict[tuple[int, int], deque] = {}   # key -> its last round ratios (prior first)
 
     @staticmethod
     def default_verify_line() -> LinearEma:
@@ -352,8 +362,12 @@ class AdaptiveK:
             return
         batch = max(1, batch)
         ratio = min(3.0, max(0.5, seconds / self.model_seconds(batch, k, cached)))
-        key, d = (self.bucket(batch), self.kind(k, cached)), self.realized_decay
-        self.realized[key] = d * self.realized.get(key, 1.0) + (1 - d) * ratio
+        key = (self.bucket(batch), self.kind(k, cached))
+        recent = self._realized_recent.get(key)
+        if recent is None:
+            recent = self._realized_recent[key] = deque([1.0] * REALIZED_PRIOR, maxlen=self.realized_window)
+        recent.append(ratio)
+        self.realized[key] = statistics.median(recent)
 
     # ---- the decision ----------------------------------------------------------------------------
     def _acceptance(self, source: str) -> list[float]:

@@ -410,9 +410,10 @@ def test_one_stalled_jit_round_trip_does_not_turn_speculation_off():
 
 
 def test_a_round_time_counts_within_bounds_and_bad_ones_not_at_all():
-    a = AdaptiveK(3, "ssd", realized_decay=0.5)
-    a.observe_round_time(1, 2, 100 * a.model_seconds(1, 2))   # a stall: counted as 3x, not 100x
-    assert a.realized[(0, CACHED)] == pytest.approx(0.5 * 1.0 + 0.5 * 3.0)
+    a = AdaptiveK(3, "ssd")
+    for _ in range(40):
+        a.observe_round_time(1, 2, 100 * a.model_seconds(1, 2))   # stalls: counted as 3x, not 100x
+    assert a.realized[(0, CACHED)] == pytest.approx(3.0)
     a.observe_round_time(1, 2, 0.0)
     a.observe_round_time(1, 7, 1.0)   # above k_max
     assert list(a.realized) == [(0, CACHED)]
@@ -578,3 +579,28 @@ def test_the_entry_margin_relaxes_and_a_stint_that_ends_at_another_batch_size_do
     assert a0.entry_margin(16) == pytest.approx(0.05)
     with pytest.raises(ValueError, match="entry_backoff"):
         AdaptiveK(3, "sd", entry_backoff=-1)
+
+
+def test_the_realized_time_correction_is_a_median_that_one_slow_verify_batch_does_not_move():
+    """The sequences of one verify batch share its time: at batch 16 a mean decayed 0.97 a round took 39% of one
+    slow batch, and one such batch took plain decoding's correction from 0.93 to 1.21 and turned speculation on.
+    The median of the last 64 ratios holds against one batch (16 rounds) and follows a lasting change."""
+    a = AdaptiveK(3, "ssd")
+    for _ in range(4 * 16):
+        a.observe_round_time(16, 0, 0.93 * a.model_seconds(16, 0))
+    assert a.realized[(4, PLAIN)] == pytest.approx(0.93)
+    for _ in range(16):                                             # one slow batch
+        a.observe_round_time(16, 0, 1.6 * a.model_seconds(16, 0))
+    assert a.realized[(4, PLAIN)] == pytest.approx(0.93)
+    for _ in range(2 * 16):                                         # three in a row: a lasting change
+        a.observe_round_time(16, 0, 1.6 * a.model_seconds(16, 0))
+    assert a.realized[(4, PLAIN)] == pytest.approx(1.6)
+    b = AdaptiveK(3, "ssd")                                        # the prior: 16 ratios of 1 that age out
+    for _ in range(16):
+        b.observe_round_time(1, 0, 1.2 * b.model_seconds(1, 0))
+    assert b.realized[(0, PLAIN)] == pytest.approx(1.1)
+    for _ in range(16):
+        b.observe_round_time(1, 0, 1.2 * b.model_seconds(1, 0))
+    assert b.realized[(0, PLAIN)] == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="realized_window"):
+        AdaptiveK(3, "ssd", realized_window=8)
