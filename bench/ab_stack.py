@@ -57,7 +57,9 @@ realized-time correction per verify batch, reverted in f6e2d76) against 1825585 
 `bench/results/entry_backoff_ab.jsonl`: 3abfa24 (a short stint of speculation raises the margin to turn it on again)
 against 793c3a6, `ssd bench`'s modes at batches 4, 8 and 16 with `--router-debug`, 2026-12-06;
 `bench/results/realized_median_ab.jsonl`: the realized-time correction as the median of the last 64 ratios against
-3abfa24, ar, ssd-auto, sd-auto, ssd3, ssd-auto, sd-auto, ar at batches 4, 8 and 16, 2026-12-06.
+3abfa24, ar, ssd-auto, sd-auto, ssd3, ssd-auto, sd-auto, ar at batches 4, 8 and 16, 2026-12-06;
+`bench/results/ssd_auto_order_b16.jsonl`: two stacks of b6b8275 at batch 16 alone, ssd-auto before and after a pinned
+ssd3 (then sd3) run, 2026-12-06.
 """
 from __future__ import annotations
 
