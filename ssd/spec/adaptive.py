@@ -459,10 +459,12 @@ class AdaptiveK:
         in 11 s, each time on a predicted gain of 5-11% that ran below plain decoding (pinned K = 1 runs at 0.94-0.95x
         it there; `bench/results/batch16_flips_trace.log`, 2026-12-06). Leaving speculation keeps the margin: a
         stint ends as soon as its K is no longer predicted the margin faster."""
-        short = self._short.get(self.bucket(max(1, batch)))
-        if short is None or self.decisions - short[1] > self.backoff_relax:
-            return self.margin
-        return self.margin * 2 ** short[0]
+        return self.margin * 2 ** self._short_run(self.bucket(max(1, batch)))
+
+    def _short_run(self, bucket: int) -> int:
+        """Short stints in a row at `bucket` that still count (0 once `backoff_relax` decisions passed the last)."""
+        short = self._short.get(bucket)
+        return short[0] if short is not None and self.decisions - short[1] <= self.backoff_relax else 0
 
     def _count_stint(self, bucket: int, current: int | None, k: int) -> None:
         """Start a stint where speculation turns on from K = 0; where it turns off, score it at its batch size: short
@@ -476,9 +478,7 @@ class AdaptiveK:
             if started_in != bucket:
                 return
             if self.decisions - start < self.short_stint:
-                previous = self._short.get(bucket)
-                run = previous[0] if previous and self.decisions - previous[1] <= self.backoff_relax else 0
-                self._short[bucket] = (min(self.entry_backoff, run + 1), self.decisions)
+                self._short[bucket] = (min(self.entry_backoff, self._short_run(bucket) + 1), self.decisions)
             else:
                 self._short.pop(bucket, None)
 
