@@ -29,6 +29,8 @@ from ssd.spec.fanout import FIRST_WINDOW, FanoutPolicy
 log = logging.getLogger("ssd.round")
 
 PROBE_SEQUENCES = 1   # sequences of a verify batch that run a probe round (the others stay at K = 0)
+MEASURE = frozenset({-1})   # a decision's "probing" (compared by identity) when the whole batch runs a measuring
+                            # round (`AdaptiveK.measure_k`)
 
 
 class SpeculationPlanner:
@@ -83,8 +85,8 @@ class SpeculationPlanner:
         _, k, probing = decided
         if probing is None:
             return k
-        req.round.mixed = True
-        return k if req.seq in probing else 0
+        req.round.mixed = True   # not timed: a probe's batch ran two K, a measuring round's by JIT whatever `cached`
+        return k if probing is MEASURE or req.seq in probing else 0
 
     def _decide(self, mode: str, batch: int) -> tuple[int, frozenset | None]:
         """The K for the next round of one verify batch's sequences of `mode`: the choice, or a probe or an explore
@@ -92,6 +94,9 @@ class SpeculationPlanner:
         k, policy = self.choice.get(mode, self.k), self.adaptive[mode]
         if k == 0:
             self.since_probe[mode] += 1
+            if policy.measure_k:   # the whole batch at the K to be measured, as one forward (`AdaptiveK.measure_k`)
+                self.since_probe[mode] = 0
+                return policy.measure_k, MEASURE
             if policy.probe(self.since_probe[mode]):
                 self.since_probe[mode] = 0
                 return self.k, self._probers(mode, batch)

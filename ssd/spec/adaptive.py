@@ -103,6 +103,13 @@ Contract
   a few percent, the measured terms' noise crossed one threshold both ways: at batch 16 speculation went on and off
   15 times in 11 s, on predicted gains of 5-11% that ran below plain decoding. A stint that ends at another
   bucket ended with the batch, and counts for neither.
+* From K = 0, ``choose`` does not turn speculation on at a verify size this batch never measured (a shape of as
+  many sequences, or between two such: ``CostTable.known``) while plain decoding's is measured; ``measure_k`` names
+  the K, and the planner runs the whole batch at it until its size is trusted. At batch 16 a probe (one sequence
+  at K = 3: 19 positions) measured 19 below 16 on a swinging host, 32 was read along a slope that batch 1's
+  memory-bound verifies flattened, K = 1 was predicted 20% faster and ran at 32 positions twice 16's cost; at
+  batch 15, 30 positions measured as 8 sequences of about 4 (0.104 s, where 15 of 2 cost about 0.15) made K = 1
+  look 37% faster (2026-12-06). A measuring round of 16 at K = 1 costs about what the tokens it makes save.
 * While K = 0 is chosen, ``probe(rounds_since_probe)`` says when a verify batch's sequences should run one
   round at ``k_max`` anyway, so the acceptance estimate stays current and speculation comes back when the draft
   starts paying (a different kind of text, a better draft). The router counts rounds and decides per verify
@@ -138,6 +145,7 @@ KIND_NAMES = {PLAIN: "K=0", CACHED: "K>0 cached", JIT: "K>0"}
 HIT_TRUSTED = 50   # lookups a batch-size bucket needs before its own hit rate is used
 HOP_WINDOW = 9     # JITs whose round trips beyond the draft's compute the hop is the median of
 REALIZED_PRIOR = 16   # ratios of 1 a class's realized-time window starts with (they age out as rounds come)
+MEASURE_TRIES = 3     # measuring rounds asked for one verify shape (`choose`), again `backoff_relax` decisions later
 BORROW = {PLAIN: (JIT, CACHED), JIT: (PLAIN, CACHED), CACHED: (JIT, PLAIN)}   # an untimed class's stand-ins
 
 
@@ -194,14 +202,47 @@ class CostTable:
         """Whether `predict(n, seqs)` reads measurements of that size (else a guess: `between`, or the line)."""
         return any(self._trusted(key) for key in ((n, seqs), n))
 
+    def known(self, n: int, seqs: int | None = None) -> bool:
+        """Whether a verify of `n` positions of `seqs` sequences was measured, not guessed: that shape itself, or
+        shapes of as many sequences on both sides of `n` (`predict` reads it between them), or `n` measured only
+        by verifies whose shape was not given. Not `n` measured at another number of sequences: 30 positions as 8
+        sequences of about 4 cost 0.104 s in one run where 15 of 2 cost about 0.15, and speculation went on at
+        batch 15 on a predicted gain of 37% (2026-12-06)."""
+        if seqs is None:
+            return self._trusted(n)
+        if self._trusted((n, seqs)) or self._row_between(n, seqs) is not None:
+            return True
+        return self._trusted(n) and not any(isinstance(k, tuple) and k[0] == n and self._fresh(k)
+                                            for k in self._recent)
+
+    def _row_between(self, n: float, seqs: int) -> float | None:
+        """Seconds now (without the overhead) of `n` positions of `seqs` sequences on the segment joining the trusted
+        shapes of `seqs` sequences nearest below and above `n`; None unless both exist."""
+        below = above = None
+        for key in self._recent:
+            if isinstance(key, tuple) and key[1] == seqs and self._trusted(key):
+                if key[0] <= n and (below is None or key[0] > below):
+                    below = key[0]
+                if key[0] >= n and (above is None or key[0] < above):
+                    above = key[0]
+        if below is None or above is None:
+            return None
+        t0, t1 = (self._medians[(m, seqs)] * self.drift for m in (below, above))
+        return t0 if above == below else t0 + (t1 - t0) * (n - below) / (above - below)
+
     def predict(self, n: float, seqs: int | None = None) -> float:
-        """A verify of `n` positions (of `seqs` sequences): at that shape, else at that n, else from the trusted n
-        either side of it (`between`), else the line."""
+        """A verify of `n` positions (of `seqs` sequences): at that shape, else between the shapes of as many
+        sequences either side of it, else at that n, else from the trusted n either side of it (`between`), else
+        the line."""
         n_int = int(n)
-        if n_int == n:
-            for key in ((n_int, seqs), n_int) if seqs is not None else (n_int,):
-                if self._trusted(key):
-                    return self._medians[key] * self.drift + self.overhead
+        if seqs is not None:
+            if n_int == n and self._trusted((n_int, seqs)):
+                return self._medians[(n_int, seqs)] * self.drift + self.overhead
+            row = self._row_between(n, seqs)
+            if row is not None:
+                return row + self.overhead
+        if n_int == n and self._trusted(n_int):
+            return self._medians[n_int] * self.drift + self.overhead
         guess = self.between(n)
         return (self.line.predict(n) if guess is None else guess) + self.overhead
 
@@ -289,6 +330,8 @@ class AdaptiveK:
         self.realized: dict[tuple[int, int], float] = {}
         self.realized_window = realized_window
         self._realized_recent: dict[tuple[int, int], deque] = {}   # key -> its last round ratios (prior first)
+        self.measure_k = 0   # the last choice's K to measure before turning speculation on (0: none; `choose`)
+        self._measured_tries: dict[tuple[int, int], tuple[int, int]] = {}   # shape -> (rounds asked, decision)
 
     @staticmethod
     def default_verify_line() -> LinearEma:
@@ -424,7 +467,10 @@ class AdaptiveK:
         predicted more than `margin` faster, and a current K > 0 stays against another K > 0 whose verify size at
         this batch was not measured lately (explore rounds measure it). In ssd mode each K > 0 is weighed from the
         cache and by JIT only, and `cached` is set to the choice's (the current one's stays unless another is more
-        than `margin` faster)."""
+        than `margin` faster). From K = 0, where plain decoding's verify size at this batch is measured and the best
+        K > 0's is not (`CostTable.known`), that K is not chosen on the guess: `measure_k` names it, and the planner
+        runs the whole batch at it (at most `MEASURE_TRIES` rounds per size, again `backoff_relax` decisions later)
+        until its size is trusted and the choice reads what it costs."""
         batch = max(1, batch)
         self.decisions += 1
         bucket = self.bucket(batch)
@@ -436,6 +482,20 @@ class AdaptiveK:
         margin = self.entry_margin(batch) if current == 0 else self.margin
         eligible = [(0, False)] + [o for o in options if o[0] > 0 and tp[o] > tp[(0, False)] * (1.0 + margin)]
         best = max(eligible, key=lambda o: (tp[o], -o[0], o[1]))
+        self.measure_k = 0
+        if (current == 0 and best[0] > 0 and self.verify.known(batch, batch)
+                and not self.verify.known(batch * (best[0] + 1), batch)):
+            # speculation would turn on at a verify size this batch never measured, against plain decoding's measured
+            # one: measure it first (`measure_k`)
+            shape = (batch * (best[0] + 1), batch)
+            tries, last = self._measured_tries.get(shape, (0, self.decisions))
+            if self.decisions - last > self.backoff_relax:
+                tries = 0
+            if tries < MEASURE_TRIES:
+                self._measured_tries[shape] = (tries + 1, self.decisions)
+                self.measure_k = best[0]
+            eligible = [o for o in eligible if o[0] == 0 or self.verify.known(batch * (o[0] + 1), batch)]
+            best = max(eligible, key=lambda o: (tp[o], -o[0], o[1]))
         now = None if current is None else (current, current > 0 and self.kind(current) == CACHED)
         if now is not None and now != best and now in eligible and tp[now] * (1.0 + self.margin) >= tp[best]:
             best = now

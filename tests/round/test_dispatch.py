@@ -632,6 +632,30 @@ def test_a_probe_of_a_lone_sequence_is_the_whole_batch():
         core.shutdown("the test is over")
 
 
+def test_a_measuring_round_runs_the_whole_batch_at_the_k_to_measure_and_is_not_timed():
+    """Adaptive K = 0 with `measure_k` set (the policy would turn speculation on at a verify size the batch never
+    measured): every sequence of the batch runs that K, in one verify of the whole batch's size, and the round is
+    not timed for the realized-time correction (its tokens came by JIT whatever the ssd policy's `cached` said)."""
+    rig = make_sd_rig("sd", adaptive=True)
+    core = rig.core
+    try:
+        core.planner.choice["sd"] = 0
+        core.planner.adapt = lambda batch: None
+        policy = core.planner.adaptive["sd"]
+        timed = []
+        policy.observe_round_time = lambda batch, k, seconds, cached=None: timed.append(k)
+        reqs = sd_admit_together(rig, 4)
+        policy.measure_k = 2
+        rounds = run_probe_rounds(rig, reqs, 3)
+        assert [sorted(set(r.values())) for r in rounds] == [[0], [2], [2]]   # the prefill's round ran the choice
+        policy.measure_k = 0
+        assert run_rounds(rig, reqs, 2) == [2, 0]        # the round decided before it was cleared, then K = 0
+        assert timed == [0] * 4 + [0] * 4                 # the first round's and the last's, not the measuring ones
+        assert core.planner.since_probe["sd"] == 2        # reset by the last measuring decision, as a probe resets it
+    finally:
+        core.shutdown("the test is over")
+
+
 def test_a_batch_explores_a_neighbouring_k_together():
     """Adaptive K = 2 (sd): every explore round (K + 1, then K - 1, every explore_every rounds of the batch) holds
     the whole batch at the same K."""

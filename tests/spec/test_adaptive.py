@@ -1,7 +1,7 @@
 """The adaptive K policy: acceptance bookkeeping, the Theorem 7 choice, turning speculation off and on."""
 import pytest
 
-from ssd.spec.adaptive import CACHED, HIT_TRUSTED, JIT, PLAIN, AdaptiveK, CostTable
+from ssd.spec.adaptive import CACHED, HIT_TRUSTED, JIT, MEASURE_TRIES, PLAIN, AdaptiveK, CostTable
 from ssd.spec.backup import LinearEma
 
 
@@ -604,3 +604,70 @@ def test_the_realized_time_correction_is_a_median_that_one_slow_verify_batch_doe
     assert b.realized[(0, PLAIN)] == pytest.approx(1.2)
     with pytest.raises(ValueError, match="realized_window"):
         AdaptiveK(3, "ssd", realized_window=8)
+
+
+def test_a_shape_measured_only_at_another_number_of_sequences_is_not_known_and_a_row_reads_between_its_own():
+    """30 positions as 8 sequences of about 4 cost 0.104 s in one run, where 15 of 2 cost about 0.15: the size
+    measured at another number of sequences is a guess for this one (`known` says so), and a shape between two of
+    its own row (15 and 60 positions of 15 sequences) is read on the segment joining them."""
+    t = CostTable()
+    for _ in range(3):
+        t.observe(30, 0.104, seqs=8)
+        t.observe(15, 0.094, seqs=15)
+    assert t.known(30, 8) and t.known(15, 15) and t.known(30)
+    assert not t.known(30, 15) and t.predict(30, 15) == pytest.approx(0.104)   # the guess: the other shape's
+    for _ in range(3):
+        t.observe(60, 0.200, seqs=15)
+    assert t.known(30, 15) and not t.known(70, 15)
+    assert t.predict(30, 15) == pytest.approx(0.094 + (0.200 - 0.094) * 15 / 45)
+    u = CostTable()
+    for _ in range(3):
+        u.observe(30, 0.104)                                             # no shape given: n stands for all
+    assert u.known(30, 15) and u.predict(30, 15) == pytest.approx(0.104)
+
+
+def _measurable(gain_per_position: float) -> AdaptiveK:
+    """sd at batch 16: plain decoding's verify (16 x 1) measured, 32-64 positions only at batch 8, a good draft."""
+    a = AdaptiveK(3, "sd")
+    feed(a, [0.9, 0.9, 0.9])
+    for _ in range(9):
+        a.observe_verify(16, 0.050, seqs=16)
+        for n in (32, 40, 48, 64):
+            a.observe_verify(n, 0.050 + gain_per_position * (n - 16), seqs=8)
+    for b in (1, 8, 16):
+        a.observe_draft_step(b, 0.003)
+    return a
+
+
+def test_speculation_is_measured_before_it_turns_on_at_a_verify_size_the_batch_never_measured():
+    """From K = 0, a K > 0 whose verify size this batch never measured (only at batch 8, where it is cheaper) is not
+    chosen on the guess: `measure_k` asks the planner for rounds of the whole batch at that K, and once their verify
+    size is trusted (two) the choice reads it. Speculation then goes on where it is as cheap as guessed, and not
+    where it is dear (the sizes between plain decoding's and the measured one are read between them); a size that
+    never gets measured is asked for `MEASURE_TRIES` times, then not for a while."""
+    a = _measurable(0.0003)
+    assert a.choose(16, 0) == 0
+    first = a.measure_k
+    assert first == max(range(1, 4), key=lambda k: a.throughput(16, k))
+    for _ in range(2):
+        a.observe_verify(16 * (first + 1), 0.050 + 0.0003 * 16 * first, seqs=16)   # as cheap as guessed
+    assert a.choose(16, 0) == first and a.measure_k == 0
+
+    dear = _measurable(0.0003)
+    asked = []
+    while dear.choose(16, 0) == 0 and dear.measure_k:
+        k = dear.measure_k
+        asked.append(k)
+        for _ in range(2):
+            dear.observe_verify(16 * (k + 1), 0.050 * (k + 1), seqs=16)           # each position as dear as one
+    assert asked == [first] and dear.choose(16, 0) == 0 and dear.measure_k == 0
+    assert dear.verify.known(32, 16)                                             # read between 16 and 64 of 16
+
+    never = _measurable(0.0003)
+    never.backoff_relax = 50
+    asks = [never.choose(16, 0) == 0 and never.measure_k for _ in range(8)]
+    assert asks == [first] * MEASURE_TRIES + [0] * (8 - MEASURE_TRIES)
+    later = [never.choose(16, 0) == 0 and never.measure_k for _ in range(50)]
+    assert later.count(first) == MEASURE_TRIES and not later[0]                  # asked again, a while later
+    fresh = _measurable(0.0003)                                                  # a batch whose plain size is not
+    assert fresh.choose(8, 0) > 0 and fresh.measure_k == 0                       # measured: no measuring first
