@@ -96,6 +96,7 @@ class SpeculationPlanner:
             self.since_probe[mode] += 1
             if policy.measure_k:   # the whole batch at the K to be measured, as one forward (`AdaptiveK.measure_k`)
                 self.since_probe[mode] = 0
+                log.debug("measuring round (%s): K = %d for the whole batch", mode, policy.measure_k)
                 return policy.measure_k, MEASURE
             if policy.probe(self.since_probe[mode]):
                 self.since_probe[mode] = 0

@@ -570,7 +570,7 @@ class AdaptiveK:
 
     def summary(self, batch: int) -> dict:
         """What the choice at `batch` rests on (for logs; changes nothing)."""
-        return {"cached": self.cached, "entry_margin": round(self.entry_margin(batch), 3),
+        return {"cached": self.cached, "entry_margin": round(self.entry_margin(batch), 3), "measure_k": self.measure_k,
                 "acceptance": [round(a, 3) for a in self.acceptance],
                 "by_source": {src: [round(a, 3) for a in acc] for src, acc in self.by_source.items() if self.seen[src]},
                 "hit": round(self.hit, 3), "hit_at_batch": round(self.hit_at(batch), 3),
