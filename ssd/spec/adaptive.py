@@ -107,7 +107,7 @@ Contract
   many sequences, or between two such: ``CostTable.known``) while plain decoding's is measured; ``measure_k`` names
   the K, and the planner runs the whole batch at it until its size is trusted. At batch 16 a probe (one sequence
   at K = 3: 19 positions) measured 19 below 16 on a swinging host, 32 was read along a slope that batch 1's
-  memory-bound verifies flattened, K = 1 was predicted 20% faster and ran at 32 positions twice 16's cost; at
+  memory-bound verifies flattened, K = 1 was predicted 20% faster and 32 positions cost 1.5-2 times 16; at
   batch 15, 30 positions measured as 8 sequences of about 4 (0.104 s, where 15 of 2 cost about 0.15) made K = 1
   look 37% faster (2026-12-06). A measuring round of 16 at K = 1 costs about what the tokens it makes save.
 * While K = 0 is chosen, ``probe(rounds_since_probe)`` says when a verify batch's sequences should run one
