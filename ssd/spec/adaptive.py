@@ -437,13 +437,19 @@ class AdaptiveK:
         speculating ones the largest of the timed others'. A speculating round waits for all a plain round does and
         for JITs and out-of-step sequences besides: at batch 16 the JIT-only class, never timed there, read plain
         decoding's 0.99-1.07 while rounds from the cache read 1.13-1.48, and K > 0 by JIT only went on for a few rounds
-        at a time where it ran below plain decoding (`bench/results/batch16_excursions.log`, 2026-12-05)."""
+        at a time where it ran below plain decoding (`bench/results/batch16_excursions.log`, 2026-12-05). For the same
+        reason a speculating class's own correction counts for no less than plain decoding's there: only the running
+        class is timed, so a slow stretch of the host raises its correction alone, and another's, timed minutes before
+        (by a pinned run), stays. At batch 16 plain decoding's went to 1.30 in a slow stretch against the cache's 0.985
+        from a pinned K = 3 run, K = 1 went on predicted 12% faster, and that run read 0.78x AR (2026-12-06)."""
         b, kind = self.bucket(batch), self.kind(k, cached)
         c = self.realized.get((b, kind))
         if c is None:
             timed = [self.realized[(b, other)] for other in BORROW[kind] if (b, other) in self.realized]
             if timed:
                 c = timed[0] if kind == PLAIN else max(timed)
+        elif kind != PLAIN and (b, PLAIN) in self.realized:
+            c = max(c, self.realized[(b, PLAIN)])
         return self.model_seconds(batch, k, cached) * (1.0 if c is None else c)
 
     def model_seconds(self, batch: int, k: int, cached: bool | None = None) -> float:

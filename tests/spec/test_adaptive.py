@@ -363,8 +363,30 @@ def test_a_kind_of_round_not_yet_timed_at_a_batch_size_takes_the_other_kinds_cor
     assert uncorrected_k1 > (1 + a.margin) * a.throughput(14, 0)
     assert a.choose(14, 0) == 0
     for _ in range(200):
-        a.observe_round_time(14, 1, 0.9 * a.model_seconds(14, 1))
-    assert a.round_seconds(14, 1) == pytest.approx(0.9 * a.model_seconds(14, 1), rel=0.01)
+        a.observe_round_time(14, 1, 1.3 * a.model_seconds(14, 1))
+    assert a.round_seconds(14, 1) == pytest.approx(1.3 * a.model_seconds(14, 1), rel=0.01)
+    assert a.round_seconds(14, 0) == pytest.approx(1.15 * a.model_seconds(14, 0), rel=0.01)
+
+
+def test_a_speculating_kind_counts_no_less_than_plain_decodings_correction_at_that_batch_size():
+    """Only the class running is timed. A pinned K = 3 run left the cache's correction at batch 16 at 0.985; in a slow
+    stretch of the host plain decoding's went to 1.30, and K = 1 from the cache went on predicted 12% faster (that
+    run read 0.78x AR). A speculating round waits for all a plain round does: its correction is at least plain's."""
+    a = AdaptiveK(3, "ssd", explore_every=0)
+    timings(a, verify_c0=0.03, verify_c1=0.004, draft_step=0.0025)
+    feed(a, [0.55, 0.55, 0.55])
+    for i in range(200):
+        a.observe_lookup(i % 3 == 0, 16)
+    for _ in range(300):
+        a.observe_round_time(16, 3, 0.985 * a.model_seconds(16, 3, True), cached=True)   # the pinned run
+    for _ in range(300):
+        a.observe_round_time(16, 0, 1.30 * a.model_seconds(16, 0))                     # the slow stretch
+    assert a.realized[(a.bucket(16), CACHED)] == pytest.approx(0.985)
+    assert a.round_seconds(16, 1, True) == pytest.approx(1.30 * a.model_seconds(16, 1, True), rel=0.01)
+    own = 16 * a.expected_tokens(1, True, 16) / (0.985 * a.model_seconds(16, 1, True))
+    assert own > (1 + a.entry_margin(16)) * a.throughput(16, 0)    # with its own stale correction: on
+    assert a.choose(16, 0) == 0
+    assert a.round_seconds(1, 1, True) == a.model_seconds(1, 1, True)   # another bucket: untouched
 
 
 def test_a_speculating_kind_not_yet_timed_takes_the_largest_correction_timed_there():
