@@ -332,6 +332,8 @@ class AdaptiveK:
         self._realized_recent: dict[tuple[int, int], deque] = {}   # key -> its last round ratios (prior first)
         self.measure_k = 0   # the last choice's K to measure before turning speculation on (0: none; `choose`)
         self._measured_tries: dict[tuple[int, int], tuple[int, int]] = {}   # shape -> (rounds asked, decision)
+        self._last_bucket: int | None = None   # the batch-size bucket of the last choice
+        self._last_by_bucket: dict[int, int] = {}   # bucket -> the K last chosen there
 
     @staticmethod
     def default_verify_line() -> LinearEma:
@@ -480,6 +482,12 @@ class AdaptiveK:
         batch = max(1, batch)
         self.decisions += 1
         bucket = self.bucket(batch)
+        if current is not None and bucket != self._last_bucket:
+            # a batch that moved to another size bucket starts from the K last chosen there: runs end in a ramp
+            # through small batches that choose K = 3, and the next run at batch 16 otherwise started with K = 3 in
+            # use, where K = 1 needed only the margin, not the entry margin, to stay on (2026-12-06)
+            current = self._last_by_bucket.get(bucket, current)
+        self._last_bucket = bucket
         options = [(0, False)] + [(k, c) for c in ((True, False) if self.mode == "ssd" else (False,))
                                   for k in range(1, self.k_max + 1)]
         tp = {o: self.throughput(batch, *o) for o in options}
@@ -513,6 +521,7 @@ class AdaptiveK:
             self.probe_interval = self.probe_every
             self.cached = best[1]
         self._count_stint(bucket, current, k)
+        self._last_by_bucket[bucket] = k
         return k
 
     def entry_margin(self, batch: int) -> float:

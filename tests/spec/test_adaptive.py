@@ -571,6 +571,8 @@ def test_short_stints_of_speculation_raise_the_margin_to_turn_it_on_again_at_tha
     assert a.entry_margin(1) == pytest.approx(0.05) and a.entry_margin(31) == pytest.approx(0.20)  # per bucket
     assert _stint(a, predicted, 1, 1.07, 3) == 1                   # batch 1 kept its own margin
     # once on, speculation stays while it is predicted the margin (not the entry margin) faster
+    predicted[1] = 150.0
+    assert a.choose(16, 0) == 1
     predicted[1] = 107.0
     assert a.choose(16, 1) == 1 and a.choose(16, 0) == 0
     # a stint that lasts puts the margin back
@@ -693,3 +695,19 @@ def test_speculation_is_measured_before_it_turns_on_at_a_verify_size_the_batch_n
     assert later.count(first) == MEASURE_TRIES and not later[0]                  # asked again, a while later
     fresh = _measurable(0.0003)                                                  # a batch whose plain size is not
     assert fresh.choose(8, 0) > 0 and fresh.measure_k == 0                       # measured: no measuring first
+
+
+def test_a_batch_that_moves_to_another_size_starts_from_the_k_last_chosen_there():
+    """A run at batch 16 ends in a ramp through small batches, which choose K = 3; the next run's first choice at batch
+    16 had K = 3 in use, so K = 1 needed only the margin to stay on, not the entry margin it needs from K = 0, which
+    batch 16 ran last. The choice starts from the K last chosen at that size bucket."""
+    a = AdaptiveK(3, "sd", short_stint=8)
+    predicted = _scripted(a)
+    assert _stint(a, predicted, 16, 1.07, 3) == 1            # one short stint at batch 16: its entry margin is 10%
+    predicted[3] = 150.0
+    assert a.choose(1, 0) == 3                               # the ramp at the end of the run
+    predicted.update({1: 107.0, 3: 80.0})
+    assert a.choose(16, 3) == 0                              # from batch 16's own K = 0: 7% is below 10%
+    predicted[1] = 112.0
+    assert a.choose(16, 0) == 1                              # 12% is enough: on
+    assert a.choose(1, 1) == 1 and a.choose(16, 1) == 1      # and back from batch 1, on still
