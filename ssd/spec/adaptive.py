@@ -69,7 +69,10 @@ Contract
     below plain decoding. Plain rounds take JIT only's, then the cache's (its rounds also hold the draft's work beside
     the target's); a speculating class takes the largest of the others' timed there, since it waits for all a plain
     round waits for and for JITs besides: taking plain decoding's 0.99-1.07 at batch 16 where rounds from the cache
-    read 1.13-1.48, K > 0 by JIT only went on for a few rounds at a time and ran below plain decoding.
+    read 1.13-1.48, K > 0 by JIT only went on for a few rounds at a time and ran below plain decoding. Timed, a
+    speculating class's own correction still counts for no less than plain decoding's: only the running class is
+    timed, and in a slow stretch plain decoding's rose to 1.30 against the 0.985 a pinned K = 3 run had left the
+    cache's, which made K = 1 look 12% faster at batch 16.
 * ``choose(batch)`` returns the K in ``0..k_max`` that maximises the predicted tokens per second of a batch of
   ``batch`` sequences (Theorem 7 with measured terms), and in ssd mode whether its rounds speculate into the cache
   (``cached``) or draft only by JIT, as sd does:
@@ -102,7 +105,9 @@ Contract
   lasts, or ``backoff_relax`` (1024) decisions without a short one, puts it back. Where the two are predicted within
   a few percent, the measured terms' noise crossed one threshold both ways: at batch 16 speculation went on and off
   15 times in 11 s, on predicted gains of 5-11% that ran below plain decoding. A stint that ends at another
-  bucket ended with the batch, and counts for neither.
+  bucket ended with the batch, and counts for neither. A batch that moves to another bucket starts from the K
+  last chosen there (a run's ramp through small batches chose K = 3, and the next run's first choice at batch 16
+  then kept K = 1 on the margin alone).
 * From K = 0, ``choose`` does not turn speculation on at a verify size this batch never measured (a shape of as
   many sequences, or between two such: ``CostTable.known``) while plain decoding's is measured; ``measure_k`` names
   the K, and the planner runs the whole batch at it until its size is trusted. At batch 16 a probe (one sequence
