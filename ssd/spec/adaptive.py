@@ -108,8 +108,8 @@ Contract
   bucket ended with the batch, and counts for neither. A batch that moves to another bucket starts from the K
   last chosen there (a run's ramp through small batches chose K = 3, and the next run's first choice at batch 16
   then kept K = 1 on the margin alone).
-* From K = 0, ``choose`` does not turn speculation on at a verify size this batch never measured (a shape of as
-  many sequences, or between two such: ``CostTable.known``) while plain decoding's is measured; ``measure_k`` names
+* From K = 0, ``choose`` does not turn speculation on at a verify shape this batch never measured
+  (``CostTable.known``) while plain decoding's is measured; ``measure_k`` names
   the K, and the planner runs the whole batch at it until its size is trusted. At batch 16 a probe (one sequence
   at K = 3: 19 positions) measured 19 below 16 on a swinging host, 32 was read along a slope that batch 1's
   memory-bound verifies flattened, K = 1 was predicted 20% faster and 32 positions cost 1.5-2 times 16; at
@@ -208,14 +208,15 @@ class CostTable:
         return any(self._trusted(key) for key in ((n, seqs), n))
 
     def known(self, n: int, seqs: int | None = None) -> bool:
-        """Whether a verify of `n` positions of `seqs` sequences was measured, not guessed: that shape itself, or
-        shapes of as many sequences on both sides of `n` (`predict` reads it between them), or `n` measured only
-        by verifies whose shape was not given. Not `n` measured at another number of sequences: 30 positions as 8
-        sequences of about 4 cost 0.104 s in one run where 15 of 2 cost about 0.15, and speculation went on at
-        batch 15 on a predicted gain of 37% (2026-12-06)."""
+        """Whether a verify of `n` positions of `seqs` sequences was measured, not guessed: that shape itself, or `n`
+        measured only by verifies whose shape was not given. Not `n` measured at another number of sequences: 30
+        positions as 8 sequences of about 4 cost 0.104 s in one run where 15 of 2 cost about 0.15, and speculation
+        went on at batch 15 on a predicted gain of 37%. Nor read between two shapes of as many sequences: at batch 16
+        the segment from a probe's 19 positions (15 sequences of 1 and one of 4) to 64 (16 of 4) put 32 (16 of 2) at
+        1.34x plain decoding's 16, where it costs about 1.5x, and K = 1 went on predicted 6% faster (2026-12-06)."""
         if seqs is None:
             return self._trusted(n)
-        if self._trusted((n, seqs)) or self._row_between(n, seqs) is not None:
+        if self._trusted((n, seqs)):
             return True
         return self._trusted(n) and not any(isinstance(k, tuple) and k[0] == n and self._fresh(k)
                                             for k in self._recent)
