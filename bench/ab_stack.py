@@ -60,6 +60,12 @@ against 793c3a6, `ssd bench`'s modes at batches 4, 8 and 16 with `--router-debug
 3abfa24, ar, ssd-auto, sd-auto, ssd3, ssd-auto, sd-auto, ar at batches 4, 8 and 16, 2026-12-06;
 `bench/results/ssd_auto_order_b16.jsonl`: two stacks of b6b8275 at batch 16 alone, ssd-auto before and after a pinned
 ssd3 (then sd3) run, 2026-12-06.
+`bench/results/ssd_auto_k0_alternated_b16.jsonl`: one stack of 7141474, ar and ssd-auto in turn four times at batch 16
+with `--router-debug`; `bench/results/measure_first_ab.jsonl`: f38613e (speculation measured before it turns on at an
+unmeasured verify shape) against 7141474, and `bench/results/adaptive_three_ab.jsonl`: b2562e9 (that, with a
+speculating class's correction no less than plain decoding's and the choice per size bucket) against 7141474, both
+ar, sd3, ssd3, sd-auto, ssd-auto, ssd-auto, sd-auto, ssd3, sd3, ar at batches 4, 8 and 16 with `--router-debug`,
+2026-12-06 (`bench/results/adaptive_b16_switches_trace.log`: the router lines behind those changes).
 """
 from __future__ import annotations
 
