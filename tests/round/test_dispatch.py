@@ -586,21 +586,28 @@ def run_probe_rounds(rig, reqs, rounds: int) -> list[dict[int, int]]:
     return out
 
 
+def k0_rig(mode: str = "sd"):
+    """A rig whose adaptive choice for `mode` is K = 0 and stays there (no `adapt`), its policy, and the K of each
+    round the policy timed for its realized-time correction."""
+    rig = make_sd_rig(mode, adaptive=True)
+    rig.core.planner.choice[mode] = 0
+    rig.core.planner.adapt = lambda batch: None            # the choice stays where the test put it
+    policy = rig.core.planner.adaptive[mode]
+    timed = []
+    policy.observe_round_time = lambda batch, k, seconds, cached=None: timed.append(k)
+    return rig, policy, timed
+
+
 def test_a_probe_is_run_by_one_sequence_of_the_batch_in_turn_and_the_batch_stays_one_verify():
     """Adaptive K = 0 (sd): a probe round is decided once per verify batch and run by one of its sequences, a
     different one at each probe, the others staying at K = 0; the target verifies them all in one forward, after
     the prober's JIT. The interval counts the batch's rounds and doubles after each probe, and the rounds of a
     probe's batch are not timed for the realized-time correction. (The whole batch used to probe: at batch 16 a
     probe cost 16 JITs and a 4x larger verify.)"""
-    rig = make_sd_rig("sd", adaptive=True)
+    rig, policy, timed = k0_rig()
     core = rig.core
     try:
-        core.planner.choice["sd"] = 0
-        core.planner.adapt = lambda batch: None            # the choice stays where the test put it
-        policy = core.planner.adaptive["sd"]
         policy.probe_every = policy.probe_interval = 3
-        timed = []
-        policy.observe_round_time = lambda batch, k, seconds, cached=None: timed.append(k)
         reqs = sd_admit_together(rig, 4)
         rounds = run_probe_rounds(rig, reqs, 12)
         probers = [[s for s, k in r.items() if k] for r in rounds]
@@ -616,15 +623,10 @@ def test_a_probe_is_run_by_one_sequence_of_the_batch_in_turn_and_the_batch_stays
 
 def test_a_probe_of_a_lone_sequence_is_the_whole_batch():
     """One sequence in the batch: it probes at K max, and its round is timed like any (the batch ran one K)."""
-    rig = make_sd_rig("sd", adaptive=True)
+    rig, policy, timed = k0_rig()
     core = rig.core
     try:
-        core.planner.choice["sd"] = 0
-        core.planner.adapt = lambda batch: None
-        policy = core.planner.adaptive["sd"]
         policy.probe_every = policy.probe_interval = 2
-        timed = []
-        policy.observe_round_time = lambda batch, k, seconds, cached=None: timed.append(k)
         reqs = sd_admit_together(rig, 1)
         assert [r[reqs[0].seq] for r in run_probe_rounds(rig, reqs, 4)] == [0, 0, core.k, 0]
         assert timed == [0, 0, core.k, 0]
@@ -636,14 +638,9 @@ def test_a_measuring_round_runs_the_whole_batch_at_the_k_to_measure_and_is_not_t
     """Adaptive K = 0 with `measure_k` set (the policy would turn speculation on at a verify size the batch never
     measured): every sequence of the batch runs that K, in one verify of the whole batch's size, and the round is
     not timed for the realized-time correction (its tokens came by JIT whatever the ssd policy's `cached` said)."""
-    rig = make_sd_rig("sd", adaptive=True)
+    rig, policy, timed = k0_rig()
     core = rig.core
     try:
-        core.planner.choice["sd"] = 0
-        core.planner.adapt = lambda batch: None
-        policy = core.planner.adaptive["sd"]
-        timed = []
-        policy.observe_round_time = lambda batch, k, seconds, cached=None: timed.append(k)
         reqs = sd_admit_together(rig, 4)
         policy.measure_k = 2
         rounds = run_probe_rounds(rig, reqs, 3)

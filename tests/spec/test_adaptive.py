@@ -372,11 +372,7 @@ def test_a_speculating_kind_counts_no_less_than_plain_decodings_correction_at_th
     """Only the class running is timed. A pinned K = 3 run left the cache's correction at batch 16 at 0.985; in a slow
     stretch of the host plain decoding's went to 1.30, and K = 1 from the cache went on predicted 12% faster (that
     run read 0.78x AR). A speculating round waits for all a plain round does: its correction is at least plain's."""
-    a = AdaptiveK(3, "ssd", explore_every=0)
-    timings(a, verify_c0=0.03, verify_c1=0.004, draft_step=0.0025)
-    feed(a, [0.55, 0.55, 0.55])
-    for i in range(200):
-        a.observe_lookup(i % 3 == 0, 16)
+    a = _ssd_at_batch16(0.03, 0.004, 0.55)
     for _ in range(300):
         a.observe_round_time(16, 3, 0.985 * a.model_seconds(16, 3, True), cached=True)   # the pinned run
     for _ in range(300):
@@ -389,16 +385,23 @@ def test_a_speculating_kind_counts_no_less_than_plain_decodings_correction_at_th
     assert a.round_seconds(1, 1, True) == a.model_seconds(1, 1, True)   # another bucket: untouched
 
 
+def _ssd_at_batch16(verify_c0: float, verify_c1: float, rate: float) -> AdaptiveK:
+    """ssd without explore rounds: a verify cost linear in the positions (`timings`), acceptance `rate` at every
+    position, and a third of 200 lookups at batch 16 hit."""
+    a = AdaptiveK(3, "ssd", explore_every=0)
+    timings(a, verify_c0=verify_c0, verify_c1=verify_c1, draft_step=0.0025)
+    feed(a, [rate] * 3)
+    for i in range(200):
+        a.observe_lookup(i % 3 == 0, 16)
+    return a
+
+
 def test_a_speculating_kind_not_yet_timed_takes_the_largest_correction_timed_there():
     """Batch 16: plain rounds timed at 1.066x the model, rounds from the cache at 1.132x, K > 0 by JIT only never
     timed there. Taking plain decoding's correction, K = 1 by JIT only read 10% faster than plain decoding and went
     on (it ran below it); a speculating round waits for all a plain one does and for JITs besides, so it takes the
     cache's, and plain decoding stays. Plain rounds, untimed, still take JIT only's, then the cache's."""
-    a = AdaptiveK(3, "ssd", explore_every=0)
-    timings(a, verify_c0=0.045, verify_c1=0.0016, draft_step=0.0025)
-    feed(a, [0.6, 0.6, 0.6])
-    for i in range(200):
-        a.observe_lookup(i % 3 == 0, 16)
+    a = _ssd_at_batch16(0.045, 0.0016, 0.6)
     for _ in range(300):
         a.observe_round_time(16, 0, 1.066 * a.model_seconds(16, 0))
         a.observe_round_time(16, 1, 1.132 * a.model_seconds(16, 1, True), cached=True)
