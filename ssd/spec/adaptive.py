@@ -174,6 +174,7 @@ class CostTable:
         self._ratios: deque = deque(maxlen=window)   # the last measurements over their shape's median
         self.drift = 1.0          # the host's speed now against the measurements' units: those ratios' median
         self._curve: tuple | None = None   # (the trusted n entries, sorted, in seconds now; their slope), per observe
+        self._index: tuple | None = None   # `_shapes`, per observe
 
     def observe(self, n: int, seconds: float, overhead: float | None = None, seqs: int | None = None) -> None:
         """`seconds`: the target's compute for a verify of `n` positions (of `seqs` sequences, if known); `overhead`:
@@ -195,7 +196,7 @@ class CostTable:
             self._recent[key].append(seconds / self.drift)
             self._medians[key] = statistics.median(self._recent[key])
             self._seen[key] = self._clock
-        self._curve = None
+        self._curve = self._index = None
 
     def _fresh(self, key) -> bool:
         return key in self._seen and self._clock - self._seen[key] <= self.max_age
@@ -218,23 +219,35 @@ class CostTable:
             return self._trusted(n)
         if self._trusted((n, seqs)):
             return True
-        return self._trusted(n) and not any(isinstance(k, tuple) and k[0] == n and self._fresh(k)
-                                            for k in self._recent)
+        return self._trusted(n) and n not in self._shapes()[1]
+
+    def _shapes(self) -> tuple[dict[int, list[tuple[int, float]]], set[int]]:
+        """(per number of sequences, its trusted shapes as sorted (n, seconds now); the n of the fresh shapes), kept
+        until the next observation: the choice asks for them for every K it weighs, each verify batch."""
+        if self._index is None:
+            rows: dict[int, list[tuple[int, float]]] = {}
+            shaped = set()
+            for key in self._recent:
+                if isinstance(key, tuple) and self._fresh(key):
+                    shaped.add(key[0])
+                    if self._trusted(key):
+                        rows.setdefault(key[1], []).append((key[0], self._medians[key] * self.drift))
+            for row in rows.values():
+                row.sort()
+            self._index = (rows, shaped)
+        return self._index
 
     def _row_between(self, n: float, seqs: int) -> float | None:
         """Seconds now (without the overhead) of `n` positions of `seqs` sequences on the segment joining the trusted
         shapes of `seqs` sequences nearest below and above `n`; None unless both exist."""
-        below = above = None
-        for key in self._recent:
-            if isinstance(key, tuple) and key[1] == seqs and self._trusted(key):
-                if key[0] <= n and (below is None or key[0] > below):
-                    below = key[0]
-                if key[0] >= n and (above is None or key[0] < above):
-                    above = key[0]
-        if below is None or above is None:
+        row = self._shapes()[0].get(seqs, [])
+        i = bisect.bisect_left(row, (n, -1.0))   # row[i]: the first shape at or above n
+        if i < len(row) and row[i][0] == n:
+            return row[i][1]
+        if i == 0 or i == len(row):
             return None
-        t0, t1 = (self._medians[(m, seqs)] * self.drift for m in (below, above))
-        return t0 if above == below else t0 + (t1 - t0) * (n - below) / (above - below)
+        (n0, t0), (n1, t1) = row[i - 1], row[i]
+        return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
 
     def predict(self, n: float, seqs: int | None = None) -> float:
         """A verify of `n` positions (of `seqs` sequences): at that shape, else between the shapes of as many
