@@ -29,8 +29,6 @@ from ssd.spec.fanout import FIRST_WINDOW, FanoutPolicy
 log = logging.getLogger("ssd.round")
 
 PROBE_SEQUENCES = 1   # sequences of a verify batch that run a probe round (the others stay at K = 0)
-MEASURE = frozenset({-1})   # a decision's "probing" (compared by identity) when the whole batch runs a measuring
-                            # round (`AdaptiveK.measure_k`)
 
 
 class SpeculationPlanner:
@@ -86,18 +84,19 @@ class SpeculationPlanner:
         if probing is None:
             return k
         req.round.mixed = True   # not timed: a probe's batch ran two K, a measuring round's by JIT whatever `cached`
-        return k if probing is MEASURE or req.seq in probing else 0
+        return k if req.seq in probing else 0
 
     def _decide(self, mode: str, batch: int) -> tuple[int, frozenset | None]:
         """The K for the next round of one verify batch's sequences of `mode`: the choice, or a probe or an explore
-        round when one is due; and for a probe by part of the batch, the sequences that run it."""
+        round when one is due; and for a probe by part of the batch or a measuring round of all of it, the sequences
+        that run it."""
         k, policy = self.choice.get(mode, self.k), self.adaptive[mode]
         if k == 0:
             self.since_probe[mode] += 1
             if policy.measure_k:   # the whole batch at the K to be measured, as one forward (`AdaptiveK.measure_k`)
                 self.since_probe[mode] = 0
                 log.debug("measuring round (%s): K = %d for the whole batch", mode, policy.measure_k)
-                return policy.measure_k, MEASURE
+                return policy.measure_k, frozenset(self.batch_seqs(batch, mode))
             if policy.probe(self.since_probe[mode]):
                 self.since_probe[mode] = 0
                 return self.k, self._probers(mode, batch)
