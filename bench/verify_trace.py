@@ -2,7 +2,11 @@
 with SSD_VERIFY_TRACE set (ssd/trace.py), and each run's verify batches are split into the router's send to the
 target's receipt (`zmq_in`), the target's queue before its compute (`queue`), the compute (`compute`), the
 target's reply out (`send`), on to the router (`zmq_out`), and the router's turn from an outcome to its next verify
-(`turn`, mean and median: the time the target waits on the router). Milliseconds, one JSON line per run:
+(`turn`, mean and median: the time the target waits on the router). Milliseconds, one JSON line per run. Each line
+also says how the run's sequences were batched: the verify batches by how many sequences they held (`sequences`),
+their mean positions (`positions`), the share of the target's compute spent on batches holding fewer sequences
+than the run's fullest (`partial_compute`: a run's ramp, or cohorts out of step), and the share spent on batches
+holding fewer than the router had running (`split_compute`: cohorts out of step alone; a ramp has fewer running):
 
     python bench/verify_trace.py --batches 1,16 --modes ar,ssd-auto [--out bench/results/verify_trace.jsonl]
 
@@ -19,7 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, ".")   # the checkout being measured, not this file's
@@ -54,6 +58,17 @@ def split(events: dict[int, dict[str, float]], start: float, end: float) -> dict
     turns = [t for t in turns if t >= 0]
     if turns:
         out["turn"], out["turn_median"] = round(statistics.mean(turns), 3), round(statistics.median(turns), 3)
+    counted = [i for i in ids if {"sequences", "positions"} <= events[i].keys()]
+    if counted:
+        seqs = {i: int(events[i]["sequences"]) for i in counted}
+        out["sequences"] = {str(n): c for n, c in sorted(Counter(seqs.values()).items())}
+        out["positions"] = round(statistics.mean(events[i]["positions"] for i in counted), 2)
+        compute = {i: events[i]["compute_end"] - events[i]["compute_start"] for i in counted}
+        fullest = max(seqs.values())
+        total = max(sum(compute.values()), 1e-12)
+        out["partial_compute"] = round(sum(compute[i] for i in counted if seqs[i] < fullest) / total, 3)
+        if all("active" in events[i] for i in counted):
+            out["split_compute"] = round(sum(compute[i] for i in counted if seqs[i] < events[i]["active"]) / total, 3)
     return out
 
 

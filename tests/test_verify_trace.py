@@ -40,6 +40,26 @@ def test_split_reads_each_phase_and_the_routers_turn_within_the_window():
         assert got[phase] == pytest.approx(ms, abs=1e-6)
     assert got["turn"] == pytest.approx(45) and got["turn_median"] == pytest.approx(45)   # 0.1 s apart, 55 ms each
     assert bench.split(ev, 0.0, 1.0) == {"batches": 0}
+    assert "sequences" not in got   # no counts traced: nothing said of the batching
+
+
+def test_split_says_how_the_sequences_were_batched_and_the_compute_spent_on_partial_batches():
+    bench = load_bench()
+    ev = {}
+    # four batches of 4 sequences (8 positions, 50 ms each), then a cohort of 1 (4 positions, 40 ms) and of 3
+    for i, (seqs, positions, ms) in enumerate([(4, 8, 50)] * 4 + [(1, 4, 40), (3, 6, 50)]):
+        t = 10.0 + 0.1 * i
+        ev[i + 1] = {"router_send": t, "target_recv": t, "compute_start": t, "compute_end": t + ms / 1000,
+                     "target_sent": t + ms / 1000, "router_recv": t + ms / 1000,
+                     "sequences": float(seqs), "positions": float(positions)}
+    got = bench.split(ev, 9.0, 11.0)
+    assert got["sequences"] == {"1": 1, "3": 1, "4": 4}
+    assert got["positions"] == pytest.approx((4 * 8 + 4 + 6) / 6)
+    assert got["partial_compute"] == pytest.approx(90 / 290, abs=1e-3)
+    assert "split_compute" not in got   # the router's running count not traced
+    for i, active in zip(range(1, 7), (4, 4, 4, 4, 4, 3)):   # the cohort of 1 was out of step; the 3 a ramp
+        ev[i]["active"] = float(active)
+    assert bench.split(ev, 9.0, 11.0)["split_compute"] == pytest.approx(40 / 290, abs=1e-3)
 
 
 def test_marks_go_to_the_prefix_and_pid_and_read_back_by_batch(traced):
@@ -82,7 +102,8 @@ def test_the_router_marks_each_verify_it_sends_and_each_outcome_it_receives(trac
     finally:
         _stop(router, loop, workers, ctx)
     events = load_bench().read_events(traced)
-    assert len(events) == 3 and all(set(e) == {"router_send", "router_recv"} for e in events.values())
+    assert len(events) == 3 and all(set(e) == {"router_send", "router_recv", "active"} for e in events.values())
+    assert all(e["active"] == 1 for e in events.values())
     assert all(e["router_send"] < e["router_recv"] for e in events.values())
 
 
@@ -109,10 +130,13 @@ def test_the_target_marks_each_verify_batchs_compute(traced):
             self.out.append(msg)
 
     sent = Sent()
-    TargetHandler(Worker(), sent).handle([(b"r", wire.Verify(5, [wire.VerifyItem(1, [], None)], False)),
-                                          (b"s", wire.Verify(6, [wire.VerifyItem(1, [], None)], False))])
+    TargetHandler(Worker(), sent).handle([(b"r", wire.Verify(5, [wire.VerifyItem(1, [], None),
+                                                               wire.VerifyItem(2, [7, 8], None)], False)),
+                                          (b"s", wire.Verify(6, [wire.VerifyItem(1, [9], None)], False))])
     assert [m.batch_id for m in sent.out] == [5, 6]
     events = load_bench().read_events(traced)
-    for batch_id in (5, 6):   # one forward for both routers' batches
+    for batch_id, seqs, positions in ((5, 2, 4), (6, 1, 2)):   # one forward for both routers' batches
         e = events[batch_id]
-        assert set(e) == {"compute_start", "compute_end"} and e["compute_end"] - e["compute_start"] >= 0.02
+        assert set(e) == {"compute_start", "compute_end", "sequences", "positions"}
+        assert e["compute_end"] - e["compute_start"] >= 0.02
+        assert (e["sequences"], e["positions"]) == (seqs, positions)   # each batch's own, not the forward's

@@ -186,9 +186,16 @@ class TargetHandler(Handler):
         elapsed = time.perf_counter() - t0
         if trace.ON:
             now = time.monotonic()
-            for _, msg in messages:
+            ran = {}   # (peer, batch id) -> [sequences, positions] of its items that ran
+            for item, owner in zip(items, owners):
+                counts = ran.setdefault(owner, [0, 0])
+                counts[0], counts[1] = counts[0] + 1, counts[1] + 1 + len(item.tokens)
+            for peer, msg in messages:
                 trace.mark("compute_start", msg.batch_id, now - elapsed)
                 trace.mark("compute_end", msg.batch_id, now)
+                seqs, positions = ran.get((peer, msg.batch_id), (0, 0))
+                trace.count("sequences", msg.batch_id, seqs)
+                trace.count("positions", msg.batch_id, positions)
         grouped = {(peer, msg.batch_id): [] for peer, msg in messages}  # every Verify is answered, even if empty
         for owner, out in zip(owners, outcomes):
             grouped[owner].append(dataclasses.replace(out, seq=out.seq[1]))

@@ -4,7 +4,7 @@ round while the target verifies it. No torch, no sockets.
 """
 from __future__ import annotations
 
-from ssd import wire
+from ssd import trace, wire
 from ssd.round.features import runs
 from ssd.round.state import Phase, Request
 from ssd.spec.backup import BackupPolicy
@@ -43,6 +43,8 @@ class Dispatcher:
             for r in reqs:
                 r.round.verify_batch = batch_id
             items = [wire.VerifyItem(r.seq, r.round.tokens, r.round.proposal) for r in reqs]
+            if trace.ON:   # the sequences the router had running: a batch of fewer left some out of step
+                trace.count("active", batch_id, len(core.active))
             t.send(wire.Verify(batch_id, items, any(core.features.wanted(r) for r in reqs)))
         for d, items in rounds.items():
             fanout = core.planner.round_fanout(d, len(items))
