@@ -5,6 +5,10 @@ measured ones (`ssd.spec.adaptive.CostTable`); this says how far a guess from an
 
     PYTHONPATH=. python bench/verify_shapes.py [--shapes 16x1,16x2,16x3,16x4,8x2,8x4,4x4,4x1] [--reps 12]
         [--out bench/results/verify_shapes.json]
+
+`--features both` times every shape with the draft's features asked for (as sd and ssd ask at every K, 0
+included) and without (as ar asks), interleaved the same way, with each feature block converted to its wire
+bytes as the target's handler does: what features cost a verify.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from ssd.engine.features import to_wire  # noqa: E402
 from ssd.engine.target import TargetWorker  # noqa: E402
 from ssd.models.loader import load_model  # noqa: E402
 from ssd.models.prepare import prepare_default_models  # noqa: E402
@@ -41,34 +46,57 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
+def variants(shapes: list[tuple[int, int]], features: str) -> list[tuple[int, int, bool]]:
+    """What one pass times, in order: each shape with features (`on`), or with and then without (`both`)."""
+    if features not in ("on", "both"):
+        raise SystemExit(f"--features: {features!r} is not on or both")
+    return [(seqs, rows, f) for seqs, rows in shapes for f in ((True, False) if features == "both" else (True,))]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="16x1,16x2,16x3,16x4,8x2,8x4,4x4,4x1")
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--features", default="on", help="on: every verify asks for features; both: with and without")
     ap.add_argument("--out", default="bench/results/verify_shapes.json")
     a = ap.parse_args()
     shapes = parse_shapes(a.shapes)
+    order = variants(shapes, a.features)
     torch.set_num_threads(1)
     seqs_max = max(s for s, _ in shapes)
     worker = TargetWorker(load_model(prepare_default_models()["target"]), seqs_max,
-                          a.context + sum(r for _, r in shapes) * (a.reps + 1) + 64)
+                          a.context + sum(r for _, r, _ in order) * (a.reps + 1) + 64)
     rng = random.Random(0)
     worker.prefill([(s, [rng.randrange(100, 20000) for _ in range(a.context)], SamplingParams())
                     for s in range(seqs_max)], features=True)
-    times: dict = {shape: [] for shape in shapes}
+    times: dict = {v: [] for v in order}
     for rep in range(a.reps + 1):   # the first pass warms each shape up and is not kept
-        for seqs, rows in (shapes if rep % 2 == 0 else shapes[::-1]):
+        for seqs, rows, features in (order if rep % 2 == 0 else order[::-1]):
             items = [VerifyItem(s, [rng.randrange(100, 20000) for _ in range(rows - 1)], None) for s in range(seqs)]
             t0 = time.perf_counter()
-            worker.verify(items, features=True)
+            outcomes = worker.verify(items, features=features)
+            if features:   # to the wire, as the target's handler sends them
+                [to_wire(worker.last_features[o.seq]) for o in outcomes]
             if rep:
-                times[(seqs, rows)].append(time.perf_counter() - t0)
-    median = {shape: statistics.median(ts) for shape, ts in times.items()}
+                times[(seqs, rows, features)].append(time.perf_counter() - t0)
+    median = {(s, r): statistics.median(times[(s, r, True)]) for s, r in shapes}
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor() or platform.machine(),
               "torch": torch.__version__, "threads": 1, "reps": a.reps, "context": a.context,
               "median_ms": {f"{s}x{r}": round(1e3 * m, 1) for (s, r), m in median.items()}}
+    if a.features == "both":
+        result["median_ms_without_features"] = {f"{s}x{r}": round(1e3 * statistics.median(times[(s, r, False)]), 1)
+                                                for s, r in shapes}
+        result["with_over_without"] = {f"{s}x{r}": round(median[(s, r)] / statistics.median(times[(s, r, False)]), 3)
+                                       for s, r in shapes}
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    if a.features == "both":
+        print("| sequences x positions | median ms with features | without | with / without |")
+        print("|---|---|---|---|")
+        for s, r in shapes:
+            print(f"| {s} x {r} | {result['median_ms'][f'{s}x{r}']} | "
+                  f"{result['median_ms_without_features'][f'{s}x{r}']} | {result['with_over_without'][f'{s}x{r}']} |")
+        return
     print("| sequences x positions | positions | median ms | / the same sequences at 1 position |")
     print("|---|---|---|---|")
     for (s, r), m in median.items():
