@@ -66,6 +66,9 @@ unmeasured verify shape) against 7141474, and `bench/results/adaptive_three_ab.j
 speculating class's correction no less than plain decoding's and the choice per size bucket) against 7141474, both
 ar, sd3, ssd3, sd-auto, ssd-auto, ssd-auto, sd-auto, ssd3, sd3, ar at batches 4, 8 and 16 with `--router-debug`,
 2026-12-06 (`bench/results/adaptive_b16_switches_trace.log`: the router lines behind those changes).
+`bench/results/after_pinned_aa_b16.jsonl`: two stacks of fe4c661, ar, sd3, sd-auto, ar, sd-auto, ar, sd3, ar, sd-auto
+at batch 16 with `--router-debug`; `bench/results/probe_per_bucket_ab.jsonl`: a probe interval per batch-size bucket
+(not committed) against c86ba94, ar, sd-auto, ssd-auto, ssd-auto, sd-auto, ar at batches 2, 8 and 16, 2026-12-06.
 """
 from __future__ import annotations
 
