@@ -13,8 +13,8 @@ holding fewer than the router had running (`split_compute`: cohorts out of step 
 (`bench/results/verify_trace_hold.jsonl`: 6ae75d5, which holds a pass's events until its sends are out, against
 ecbd47b, 2026-12-06. `bench/results/verify_trace_batching.jsonl`: c86ba94's trace, lines labelled `cold` (a fresh
 stack at batch 8), `bench-order` (batches 4, 8 and 16, pinned runs first as in `ssd bench`; these two before the
-`active` count) and `split` (with `split_compute`; its adaptive lines ran with a probe interval per batch-size
-bucket, not committed), 2026-12-06.)
+`active` count), `split` (with `split_compute`; its adaptive lines ran with a probe interval per batch-size
+bucket, not committed) and `k1` (ar, sd1 and ssd1 at batch 8, 547e664), 2026-12-06.)
 """
 from __future__ import annotations
 
