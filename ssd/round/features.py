@@ -53,13 +53,44 @@ def runs(items: list) -> Iterator[list]:
         yield run
 
 
+class _Pending:
+    """A sequence's pending rows: `buf` holds rows from `start` on. It may hold up to twice the rows a message
+    carries (`FeatureLedger.keep`); only the newest of them are ever sent."""
+    __slots__ = ("start", "buf")
+
+    def __init__(self, start: int, data: bytes):
+        self.start, self.buf = start, bytearray(data)
+
+
 class FeatureLedger:
-    """Per sequence, the features its draft has not been sent yet (`pending`), for a pool whose targets have
-    `hidden_size` (0: no features flow). `reads(draft)` says whether a draft reads them."""
+    """Per sequence, the features its draft has not been sent yet (`block`), for a pool whose targets have
+    `hidden_size` (0: no features flow). `reads(draft)` says whether a draft reads them.
+
+    While a sequence's rounds send its draft nothing (K = 0, in sd and ssd alike) its block grows by a round's rows
+    each round. A block that touches the pending one from after (every round's does) is appended in place, so a
+    round costs its own rows, not a copy of all that is pending: merged as bytes, 2048 rounds of 16 sequences took
+    2.5 ms a round on average, on the router's turn (2026-12-06). The rows past a message's worth are dropped in
+    bulk, once they reach as many again; every other block is merged by `merge` on the rows a message would carry.
+    """
 
     def __init__(self, pool, metrics):
         self.pool, self.metrics = pool, metrics
-        self.pending: dict[int, wire.Features] = {}
+        self._pending: dict[int, _Pending] = {}
+
+    @staticmethod
+    def _cap(row: int) -> int:
+        """The most bytes of whole rows a message carries for one sequence."""
+        return wire.MAX_FEATURE_BYTES // row * row
+
+    def _view(self, p: _Pending, row: int) -> wire.Features:
+        """The rows of `p` a message would carry now: the newest, within MAX_FEATURE_BYTES."""
+        cut = max(0, len(p.buf) - self._cap(row))
+        return p.start + cut // row, bytes(p.buf[cut:])
+
+    def block(self, seq: int) -> wire.Features | None:
+        """The sequence's pending block as its next draft message would carry it (None: none), left pending."""
+        p = self._pending.get(seq)
+        return None if p is None else self._view(p, 2 * self.pool.hidden_size)
 
     def wanted(self, req) -> bool:
         """Whether the target should send the sequence's features: its draft reads them (or, while it has no
@@ -78,16 +109,32 @@ class FeatureLedger:
             log.warning("target %s sent %d feature bytes for seq %d: not rows of hidden size %d; dropped",
                         getattr(req.target, "address", "?"), len(data), req.seq, self.pool.hidden_size)
             return
-        self.pending[req.seq] = merge(self.pending.get(req.seq), start, data, row)
+        if not data:
+            return
+        p, cap = self._pending.get(req.seq), self._cap(row)
+        if p is not None and start == p.start + len(p.buf) // row and cap:   # touching from after: append
+            p.buf += data
+            if len(p.buf) > 2 * cap:
+                cut = len(p.buf) - cap
+                del p.buf[:cut]
+                p.start += cut // row
+            return
+        merged = merge(None if p is None else self._view(p, row), start, data, row)
+        if merged is None:
+            self._pending.pop(req.seq, None)
+        else:
+            self._pending[req.seq] = _Pending(*merged)
 
     def take(self, req) -> wire.Features | None:
         """The sequence's pending features for the message about to go to its draft (None if that draft does not
         read them); either way they are no longer pending."""
-        block = self.pending.pop(req.seq, None)
-        if block is None or not self.pool.reads_features(req.draft):
+        p = self._pending.pop(req.seq, None)
+        if p is None or not self.pool.reads_features(req.draft):
             return None
-        self.metrics.feature_rows(len(block[1]) // (2 * self.pool.hidden_size))
+        row = 2 * self.pool.hidden_size
+        block = self._view(p, row)
+        self.metrics.feature_rows(len(block[1]) // row)
         return block
 
     def drop(self, seq: int) -> None:
-        self.pending.pop(seq, None)
+        self._pending.pop(seq, None)
