@@ -5,6 +5,8 @@ the ledger kept them before 2026-12-06), for 16 sequences over rounds of one row
     PYTHONPATH=. python bench/feature_ledger.py [--rounds 128,512,2048] [--out bench/results/feature_ledger.json]
 
 Milliseconds per round (mean over the rounds), and what one `take` of every sequence's block costs at the end.
+(`bench/results/feature_ledger_long_ab.jsonl`: the verify trace at batch 16 with 768 new tokens, ar, sd-auto,
+ssd-auto and ar on one stack of c86ba94 (merged as bytes) and one of 8c8e468 (appended in place), 2026-12-06.)
 """
 from __future__ import annotations
 
