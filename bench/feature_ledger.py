@@ -21,6 +21,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ssd.round.features import FeatureLedger, merge  # noqa: E402
+from ssd.round.metrics import RoundMetrics  # noqa: E402
 
 HIDDEN = 576   # the default target's hidden size: rows of 1152 bytes
 SEQS = 16
@@ -33,14 +34,9 @@ class _Pool:
         return True
 
 
-class _Metrics:
-    def feature_rows(self, n: int) -> None:
-        pass
-
-
 def ledger_ms(rounds: int) -> tuple[float, float]:
     """(ms per round keeping, ms for one take of every block) with the ledger."""
-    ledger = FeatureLedger(_Pool(), _Metrics())
+    ledger = FeatureLedger(_Pool(), RoundMetrics())
     reqs = [SimpleNamespace(seq=s, mode="sd", draft="d", target=None) for s in range(SEQS)]
     row = b"\0" * (2 * HIDDEN)
     t0 = time.perf_counter()

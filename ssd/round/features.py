@@ -77,6 +77,11 @@ class FeatureLedger:
         self.pool, self.metrics = pool, metrics
         self._pending: dict[int, _Pending] = {}
 
+    @property
+    def _row(self) -> int:
+        """Bytes per feature row (0: no features flow)."""
+        return 2 * self.pool.hidden_size
+
     @staticmethod
     def _cap(row: int) -> int:
         """The most bytes of whole rows a message carries for one sequence."""
@@ -90,7 +95,7 @@ class FeatureLedger:
     def block(self, seq: int) -> wire.Features | None:
         """The sequence's pending block as its next draft message would carry it (None: none), left pending."""
         p = self._pending.get(seq)
-        return None if p is None else self._view(p, 2 * self.pool.hidden_size)
+        return None if p is None else self._view(p, self._row)
 
     def wanted(self, req) -> bool:
         """Whether the target should send the sequence's features: its draft reads them (or, while it has no
@@ -104,7 +109,7 @@ class FeatureLedger:
         if block is None or not self.wanted(req):
             return
         start, data = block
-        row = 2 * self.pool.hidden_size
+        row = self._row
         if not row or len(data) % row:
             log.warning("target %s sent %d feature bytes for seq %d: not rows of hidden size %d; dropped",
                         getattr(req.target, "address", "?"), len(data), req.seq, self.pool.hidden_size)
@@ -131,7 +136,7 @@ class FeatureLedger:
         p = self._pending.pop(req.seq, None)
         if p is None or not self.pool.reads_features(req.draft):
             return None
-        row = 2 * self.pool.hidden_size
+        row = self._row
         block = self._view(p, row)
         self.metrics.feature_rows(len(block[1]) // row)
         return block

@@ -18,7 +18,7 @@ from ssd.engine.target_tp import MirroredTarget, build_target, follow
 from ssd.models.loader import load_model
 from ssd.params import SamplingParams
 from ssd.round import CoreConfig, Phase, features
-from tests.round.fakes import Rig, ready
+from tests.round.fakes import RecordingMetrics, Rig, ready
 from tests.tp_channel import ByteChannel
 
 PEER = b"router-a"
@@ -72,15 +72,8 @@ class _Pool:
         return True
 
 
-class _Metrics:
-    rows = 0
-
-    def feature_rows(self, n):
-        self.rows += n
-
-
 def _ledger():
-    return features.FeatureLedger(_Pool(), _Metrics())
+    return features.FeatureLedger(_Pool(), RecordingMetrics())
 
 
 def test_the_ledger_keeps_what_merge_would_through_any_order_of_blocks(monkeypatch):
@@ -124,7 +117,7 @@ def test_a_long_plain_stretch_appends_in_place_and_keeps_at_most_twice_a_message
         ledger.keep(req, [r, bytes([r, 0])])
         assert len(ledger._pending[1].buf) <= 2 * 64
     assert ledger.take(req) == (100 - 32, b"".join(bytes([r, 0]) for r in range(100 - 32, 100)))
-    assert ledger.metrics.rows == 32
+    assert ledger.metrics.feature_rows_sent == 32
 
 
 def test_runs_split_items_so_each_message_keeps_its_features_within_the_limit():
