@@ -715,3 +715,66 @@ def test_a_batch_that_moves_to_another_size_starts_from_the_k_last_chosen_there(
     predicted[1] = 112.0
     assert a.choose(16, 0) == 1                              # 12% is enough: on
     assert a.choose(1, 1) == 1 and a.choose(16, 1) == 1      # and back from batch 1, on still
+
+
+def _ssd_at_batch8_beside_the_draft() -> AdaptiveK:
+    """ssd at batch 8 as a steady load measured it (2026-12-06): 8 sequences of 1 position 0.070 s and of 2 0.082 s
+    alone (plain rounds, JITs), 8 of 2 0.105 s while the draft speculated into the cache beside them; acceptance
+    0.5 a position, the cache hitting in half its lookups."""
+    a = AdaptiveK(3, "ssd", explore_every=0)
+    for _ in range(9):
+        a.observe_verify(8, 0.070, seqs=8)
+        a.observe_verify(16, 0.082, seqs=8)
+    for _ in range(9):
+        a.observe_verify(16, 0.105, seqs=8, busy=True)   # the latest: one table took them as the shape's cost
+    for b in (1, 4, 8):
+        a.observe_draft_step(b, 0.0025 * (1 + 0.05 * b))
+    feed(a, [0.5] * 3)
+    for i in range(200):
+        a.observe_lookup(i % 2 == 0, 8)
+    return a
+
+
+def test_a_verify_beside_the_drafts_speculation_is_costed_apart_from_one_alone():
+    """On two cores sharing a memory bus the draft's speculation into the cache slows the target's verify beside it
+    (8 sequences at K = 1: 0.105 s against 0.082 alone). With one table for both, each shape held whichever ran it
+    last: K = 1 from the cache read what JITs measured and went on at batch 8 on a predicted gain of 5-10%, where it
+    ran 0.75x AR; or K = 1 by JIT read the cache's slow verifies. Each class now reads its own."""
+    a = _ssd_at_batch8_beside_the_draft()
+    assert a.verify_seconds(16, 8, cached=True) == pytest.approx(0.105)
+    assert a.verify_seconds(16, 8) == pytest.approx(0.082)
+    assert a.verify_seconds(8, 8) == pytest.approx(0.070)
+    assert a.throughput(8, 1, True) < a.throughput(8, 0) < a.throughput(8, 1, False)
+    assert a.choose(8, current=0) == 1 and a.cached is False   # K = 1, by JIT only
+
+
+def test_a_shape_measured_in_one_table_is_read_in_the_other_at_the_measured_ratio():
+    """A verify shape measured only alone is predicted beside the draft at the ratio of the shapes measured both
+    ways (`busy_factor`), and one measured only beside the draft alone at its inverse; a table that has measured
+    nothing reads the other's figures (an ssd stack that only ever speculated has no verify alone)."""
+    a = _ssd_at_batch8_beside_the_draft()
+    for _ in range(9):
+        a.observe_verify(24, 0.094, seqs=8)
+        a.observe_verify(32, 0.130, seqs=8, busy=True)
+    factor = 0.105 / 0.082
+    assert a.busy_factor() == pytest.approx(factor)
+    assert a.verify_seconds(24, 8, cached=True) == pytest.approx(0.094 * factor)
+    assert a.verify_seconds(32, 8) == pytest.approx(0.130 / factor)
+    fresh = AdaptiveK(3, "ssd")
+    for _ in range(9):
+        fresh.observe_verify(4, 0.030, seqs=1, busy=True)
+    assert fresh.busy_factor() == 1.0 and fresh.verify_seconds(4, 1) == pytest.approx(0.030)
+
+
+def test_a_table_of_verifies_beside_the_draft_shares_the_hosts_drift():
+    """One host, one speed: a slow stretch measured by the verifies beside the draft scales the ones alone too."""
+    alone = CostTable(window=9)
+    beside = CostTable(window=9, drift_from=alone)
+    for _ in range(9):
+        alone.observe(8, 0.070, seqs=8)
+        beside.observe(16, 0.105, seqs=8)
+    for _ in range(30):
+        beside.observe(16, 0.105 * 1.3, seqs=8)
+    assert alone.drift == beside.drift == pytest.approx(1.3)
+    assert alone.predict(8, 8) == pytest.approx(0.070 * 1.3)
+    assert beside.predict(16, 8) == pytest.approx(0.105 * 1.3)
