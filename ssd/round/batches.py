@@ -28,25 +28,23 @@ class BatchLedger:
         self.clock = clock
         self.verify_inflight, self.verify_hold, self.jit_linger = verify_inflight, verify_hold, jit_linger
         self._ids = itertools.count(1)
-        self._sent_at: dict[int, tuple[float, int, bool]] = {}   # verify batch id -> (sent at, positions, busy)
+        self._sent_at: dict[int, tuple[float, int]] = {}   # verify batch id -> (sent at, positions)
         self._out: dict[object, set[int]] = {}            # target -> its verify batches not answered yet
         self._lingering: dict[object, float] = {}         # target -> since when it waits for JITs of its sequences
         self._jit_sent: dict[int, float] = {}             # JIT batch id -> sent at
         self.jit_latency = 0.02                           # EMA of a JIT's round trip, seconds (prior 20 ms)
 
     # ---- verify batches ---------------------------------------------------------------------------
-    def verify_sent(self, target, positions: int, busy: bool = False) -> int:
-        """A new verify batch id for `target`, holding `positions` verified positions; `busy`: DraftRounds went out
-        with it."""
+    def verify_sent(self, target, positions: int) -> int:
+        """A new verify batch id for `target`, holding `positions` verified positions."""
         batch_id = next(self._ids)
         self._lingering.pop(target, None)
-        self._sent_at[batch_id] = (self.clock(), positions, busy)
+        self._sent_at[batch_id] = (self.clock(), positions)
         self._out.setdefault(target, set()).add(batch_id)
         return batch_id
 
-    def verify_answered(self, target, batch_id: int) -> tuple[float, int, bool] | None:
-        """(sent at, positions, busy) of an answered batch, or None if it was not out (answered before or never
-        sent)."""
+    def verify_answered(self, target, batch_id: int) -> tuple[float, int] | None:
+        """(sent at, positions) of an answered batch, or None if it was not out (answered before or never sent)."""
         self._out.get(target, set()).discard(batch_id)
         return self._sent_at.pop(batch_id, None)
 

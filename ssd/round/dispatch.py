@@ -39,7 +39,7 @@ class Dispatcher:
                     wire.DraftRoundItem(r.seq, rnd.number + 1, core.delta(r), rnd.tokens, core.features.take(r),
                                         core.planner.draft_depth(r)))
         for t, reqs in verifies.items():
-            batch_id = core.batches.verify_sent(t, sum(len(r.round.tokens) + 1 for r in reqs), bool(rounds))
+            batch_id = core.batches.verify_sent(t, sum(len(r.round.tokens) + 1 for r in reqs))
             for r in reqs:
                 r.round.verify_batch = batch_id
             items = [wire.VerifyItem(r.seq, r.round.tokens, r.round.proposal) for r in reqs]

@@ -48,11 +48,8 @@ class SpeculationPlanner:
         if k and adaptive:
             # One set of measurements serves both modes: the verify cost table here, the draft-step line of the
             # backup timings (both fed once per message).
-            # verifies run alone and beside a draft's speculation into the cache (`AdaptiveK.verify_seconds`)
             self.verify_cost = CostTable()
-            self.verify_busy = CostTable(drift_from=self.verify_cost)
-            self.adaptive = {m: AdaptiveK(k, m, probe_every, verify=self.verify_cost, verify_busy=self.verify_busy,
-                                          draft_step=timings.draft_step)
+            self.adaptive = {m: AdaptiveK(k, m, probe_every, verify=self.verify_cost, draft_step=timings.draft_step)
                              for m in ("sd", "ssd")}
             self.choice = {m: k for m in self.adaptive}
             for m in self.adaptive:   # exported from the start, not only once the choice first changes
@@ -203,13 +200,11 @@ class SpeculationPlanner:
         for policy in self.adaptive.values():
             policy.observe_jit(roundtrip, compute)
 
-    def observe_verify(self, positions: int, compute: float, overhead: float, seqs: int | None = None,
-                       busy: bool = False) -> None:
+    def observe_verify(self, positions: int, compute: float, overhead: float, seqs: int | None = None) -> None:
         """The target's compute for a batch of `positions` over `seqs` sequences: a round trip also holds time queued
-        behind prefills, which K does not change. `busy`: DraftRounds went out with it (the draft speculated while
-        the target verified, on the same memory bus)."""
+        behind prefills, which K does not change."""
         if self.adaptive:
-            (self.verify_busy if busy else self.verify_cost).observe(positions, compute, overhead, seqs)
+            self.verify_cost.observe(positions, compute, overhead, seqs)
         for policy in self._fanout.values():
             policy.observe_verify(compute)
 

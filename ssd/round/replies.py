@@ -165,7 +165,7 @@ class Replies:
                 continue
             self._apply_outcome(req, out, blocks.get(out.seq), lps)
         if sent is not None:
-            core.planner.observe_verify(sent[1], msg.elapsed_s, roundtrip - msg.elapsed_s, len(msg.items), sent[2])
+            core.planner.observe_verify(sent[1], msg.elapsed_s, roundtrip - msg.elapsed_s, len(msg.items))
 
     def _apply_outcome(self, req, out: wire.Outcome, block, logprobs=None) -> None:
         core, rnd = self.core, req.round

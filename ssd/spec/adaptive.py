@@ -161,12 +161,9 @@ class CostTable:
     two the line over the latest measurements; plus the mean overhead of a round trip beyond the target's compute."""
 
     def __init__(self, line: LinearEma | None = None, decay: float = 0.9, trusted: float = 2.0,
-                 max_age: int = 2000, window: int = 9, drift_from: CostTable | None = None):
-        """`drift_from`: another table whose drift this one reads and feeds (one host, one speed: a table of the
-        verifies run beside the draft's speculation and one of those run alone, `AdaptiveK.verify_busy`)."""
+                 max_age: int = 2000, window: int = 9):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        self._drift_owner = drift_from._drift_owner if drift_from is not None else self
         self.line = line if line is not None else AdaptiveK.default_verify_line()
         self.decay, self.trusted, self.max_age, self.window = decay, trusted, max_age, window
         self._recent: dict = {}   # key (n, or (n, seqs)) -> its last `window` measurements / the drift then
@@ -174,9 +171,8 @@ class CostTable:
         self._seen: dict = {}     # key -> the observation count when it was last measured
         self._clock = 0
         self.overhead = 0.0
-        if self._drift_owner is self:
-            self._ratios: deque = deque(maxlen=window)   # the last measurements over their shape's median
-            self._drift = 1.0     # the host's speed now against the measurements' units: those ratios' median
+        self._ratios: deque = deque(maxlen=window)   # the last measurements over their shape's median
+        self.drift = 1.0          # the host's speed now against the measurements' units: those ratios' median
         self._curve: tuple | None = None   # (the trusted n entries, sorted, in seconds now; their slope), per observe
         self._index: tuple | None = None   # `_shapes`, per observe
 
@@ -192,9 +188,8 @@ class CostTable:
         self._clock += 1
         keys = (n,) if seqs is None else ((n, seqs), n)
         if self._trusted(keys[0]) and self._medians[keys[0]] > 0:   # its own shape only: n alone mixes shapes
-            owner = self._drift_owner
-            owner._ratios.append(seconds / self._medians[keys[0]])
-            owner._drift = statistics.median(owner._ratios)
+            self._ratios.append(seconds / self._medians[keys[0]])
+            self.drift = statistics.median(self._ratios)
         for key in keys:
             if not self._fresh(key):   # not measured for `max_age` observations: what it held is forgotten
                 self._recent[key] = deque(maxlen=self.window)
@@ -202,15 +197,6 @@ class CostTable:
             self._medians[key] = statistics.median(self._recent[key])
             self._seen[key] = self._clock
         self._curve = self._index = None
-
-    @property
-    def count(self) -> int:
-        """Verifies observed so far."""
-        return self._clock
-
-    @property
-    def drift(self) -> float:
-        return self._drift_owner._drift
 
     def _fresh(self, key) -> bool:
         return key in self._seen and self._clock - self._seen[key] <= self.max_age
@@ -234,10 +220,6 @@ class CostTable:
         if self._trusted((n, seqs)):
             return True
         return self._trusted(n) and n not in self._shapes()[1]
-
-    def shapes(self) -> list[tuple[int, int]]:
-        """The shapes (positions, sequences) trusted now."""
-        return sorted(k for k in self._recent if isinstance(k, tuple) and self._trusted(k))
 
     def _shapes(self) -> tuple[dict[int, list[tuple[int, float]]], set[int]]:
         """(per number of sequences, its trusted shapes as sorted (n, seconds now); the n of the fresh shapes), kept
@@ -327,10 +309,10 @@ class AdaptiveK:
                  decay: float = 0.99, max_probe_every: int = 256, verify: CostTable | None = None,
                  draft_step: LinearEma | None = None, explore_every: int = 16, margin: float = 0.05,
                  realized_window: int = 64, entry_backoff: int = 2, short_stint: int = 64,
-                 backoff_relax: int = 1024, verify_busy: CostTable | None = None):
-        """`verify`, `verify_busy` and `draft_step`: measurement lines shared with other users (the router feeds each
-        once); by default this instance keeps its own (`verify_busy` reading `verify`'s drift). `entry_backoff`,
-        `short_stint`, `backoff_relax`: the entry margin's backoff (`entry_margin`)."""
+                 backoff_relax: int = 1024):
+        """`verify` and `draft_step`: measurement lines shared with other users (the router feeds each once);
+        by default this instance keeps its own. `entry_backoff`, `short_stint`, `backoff_relax`: the entry margin's
+        backoff (`entry_margin`)."""
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         if mode not in ("sd", "ssd"):
@@ -357,8 +339,6 @@ class AdaptiveK:
         self.hit_by_bucket: dict[int, list[float]] = {}   # bucket -> [hit rate (EMA), lookups seen]
         self.cached = mode == "ssd"   # ssd: the choice's rounds speculate into the cache (else JIT only)
         self.verify = verify if verify is not None else CostTable()
-        # the verifies that ran while a draft speculated into the cache beside them (`observe_verify`'s `busy`)
-        self.verify_busy = verify_busy if verify_busy is not None else CostTable(drift_from=self.verify)
         self.explore_every = explore_every   # 0: never explore
         self._explore_up = False
         self.draft_step = draft_step if draft_step is not None else LinearEma(prior_intercept=4e-3, prior_slope=4e-4)
@@ -398,42 +378,9 @@ class AdaptiveK:
                 acc[i] = d * acc[i] + (1 - d) * (1.0 if accepted > i else 0.0)
 
     def observe_verify(self, tokens: int, seconds: float, overhead: float | None = None,
-                       seqs: int | None = None, busy: bool = False) -> None:
-        """One verify batch; `busy`: a draft speculated into the cache while it ran (`verify_busy`)."""
+                       seqs: int | None = None) -> None:
         if tokens > 0 and seconds > 0:
-            (self.verify_busy if busy else self.verify).observe(tokens, seconds, overhead, seqs)
-
-    def busy_factor(self) -> float:
-        """What a verify costs beside the draft's speculation against alone: the median, over the shapes trusted in
-        both tables, of the one's cost over the other's (1 while none is)."""
-        quiet, busy = self.verify, self.verify_busy
-        ratios = [busy.predict(n, seqs) / quiet.predict(n, seqs) for n, seqs in busy.shapes()
-                  if busy.known(n, seqs) and quiet.known(n, seqs)]
-        return statistics.median(ratios) if ratios else 1.0
-
-    def verify_seconds(self, positions: int, batch: int, cached: bool = False) -> float:
-        """A verify of `positions` over `batch` sequences; `cached`: beside the draft's speculation into the cache.
-        As that shape measured in its own table (`verify_busy` or `verify`), else as it measured in the other, scaled
-        by `busy_factor`, else read off its own table's other measurements (the other's, scaled, while its own has
-        none). On two cores sharing one memory bus a verify of 8 sequences at K = 1 took 0.105 s beside the draft's
-        speculation and 0.082 alone; with one table for both (each shape the median of whichever ran it last)
-        adaptive SSD went on speculating from the cache at batch 8 on a predicted gain of 5-10% and ran 0.75x AR
-        (2026-12-06, `bench/results/steady_state_b48.jsonl`)."""
-        own, other = (self.verify_busy, self.verify) if cached else (self.verify, self.verify_busy)
-        if own.known(positions, batch):
-            return own.predict(positions, batch)
-        if other.known(positions, batch) or (not own.count and other.count):
-            factor = self.busy_factor()
-            return other.predict(positions, batch) * (factor if cached else 1.0 / factor)
-        return own.predict(positions, batch)
-
-    def verify_known(self, positions: int, batch: int) -> bool:
-        """Whether that verify shape was measured, alone or beside the draft (`CostTable.known`)."""
-        return self.verify.known(positions, batch) or self.verify_busy.known(positions, batch)
-
-    def verify_measured(self, positions: int, batch: int) -> bool:
-        """Whether that size's prediction reads measurements of it, in either table (`CostTable.measured`)."""
-        return self.verify.measured(positions, batch) or self.verify_busy.measured(positions, batch)
+            self.verify.observe(tokens, seconds, overhead, seqs)
 
     def observe_draft_step(self, batch: int, seconds: float) -> None:
         if batch > 0 and seconds > 0:
@@ -535,7 +482,7 @@ class AdaptiveK:
         elif kind == CACHED:
             hit = self.hit_at(batch)
             draft = (1.0 - hit ** batch) * (self.hop + k * self.draft_step.predict(max(1.0, batch * (1.0 - hit))))
-        return self.verify_seconds(batch * (k + 1), batch, kind == CACHED) + draft
+        return self.verify.predict(batch * (k + 1), batch) + draft
 
     def throughput(self, batch: int, k: int, cached: bool | None = None) -> float:
         """Predicted tokens per second of a batch running K (from the cache or not: `cached`, None the choice's)."""
@@ -569,8 +516,8 @@ class AdaptiveK:
         eligible = [(0, False)] + [o for o in options if o[0] > 0 and tp[o] > tp[(0, False)] * (1.0 + margin)]
         best = max(eligible, key=lambda o: (tp[o], -o[0], o[1]))
         self.measure_k = 0
-        if (current == 0 and best[0] > 0 and self.verify_known(batch, batch)
-                and not self.verify_known(batch * (best[0] + 1), batch)):
+        if (current == 0 and best[0] > 0 and self.verify.known(batch, batch)
+                and not self.verify.known(batch * (best[0] + 1), batch)):
             # speculation would turn on at a verify size this batch never measured, against plain decoding's measured
             # one: measure it first (`measure_k`)
             shape = (batch * (best[0] + 1), batch)
@@ -580,13 +527,13 @@ class AdaptiveK:
             if tries < MEASURE_TRIES:
                 self._measured_tries[shape] = (tries + 1, self.decisions)
                 self.measure_k = best[0]
-            eligible = [o for o in eligible if o[0] == 0 or self.verify_known(batch * (o[0] + 1), batch)]
+            eligible = [o for o in eligible if o[0] == 0 or self.verify.known(batch * (o[0] + 1), batch)]
             best = max(eligible, key=lambda o: (tp[o], -o[0], o[1]))
         now = None if current is None else (current, current > 0 and self.kind(current) == CACHED)
         if now is not None and now != best and now in eligible and tp[now] * (1.0 + self.margin) >= tp[best]:
             best = now
         if now is not None and now in eligible and now[0] > 0 and best[0] not in (0, now[0]):
-            if not self.verify_measured(batch * (best[0] + 1), batch):
+            if not self.verify.measured(batch * (best[0] + 1), batch):
                 best = now   # another K > 0 whose verify size was not measured lately: its figure is a guess
         k = best[0]
         if k > 0:
@@ -665,8 +612,6 @@ class AdaptiveK:
                 "verify_table": {n: round(t, 4) for n, t in self.verify.table().items()},
                 "verify_at_batch": {n: round(t, 4) for n, t in self.verify.table(max(1, batch)).items()},
                 "verify_overhead": round(self.verify.overhead, 4), "verify_drift": round(self.verify.drift, 3),
-                **({"verify_busy_at_batch": {n: round(t, 4) for n, t in self.verify_busy.table(max(1, batch)).items()},
-                    "busy_factor": round(self.busy_factor(), 3)} if self.mode == "ssd" else {}),
                 "jit_hop": round(self.hop, 4),
                 "draft_step": self.draft_step.coefficients(),
                 "realized": {f"batch {1 << b}+ {KIND_NAMES[kind]}": round(c, 3)

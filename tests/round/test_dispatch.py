@@ -399,43 +399,6 @@ def test_ssd_by_jit_only_sends_no_draft_round_and_each_round_takes_a_jit_while_a
         core.shutdown("the test is over")
 
 
-def test_a_verify_sent_with_draft_rounds_is_costed_as_one_beside_the_drafts_speculation():
-    """ssd, adaptive: a verify batch that went out with DraftRounds (the draft speculates into the cache while the
-    target verifies) is measured into the policy's table of verifies beside the draft, one whose rounds drafted by
-    JIT only into the table of verifies alone (`AdaptiveK.verify_seconds`)."""
-    rig = make_sd_rig("ssd", adaptive=True)
-    core = rig.core
-    try:
-        policy = core.planner.adaptive["ssd"]
-        core.planner.choice["ssd"], policy.cached, policy.explore_every = 2, False, 0
-        core.planner.adapt = lambda batch: None
-        seen = []
-        core.planner.verify_cost.observe = lambda n, s, o=None, q=None: seen.append(("alone", n, q))
-        core.planner.verify_busy.observe = lambda n, s, o=None, q=None: seen.append(("beside", n, q))
-        assert policy.verify is core.planner.verify_cost and policy.verify_busy is core.planner.verify_busy
-        req, = ssd_admit(rig, "alone")
-        core.on_message(rig.target, wire.Prefilled([(req.seq, 9)], 0.01, []))
-        core.dispatch()
-        (jit,) = rig.take(wire.Jit)
-        core.on_message(rig.drafts[0], wire.JitResult(jit.batch_id, [(req.seq, [11, 12], None)], 0.005))
-        core.dispatch()
-        (verify,) = rig.take(wire.Verify)
-        assert not rig.take(wire.DraftRound)
-        policy.cached = True                # the next round speculates into the cache
-        answer(rig, verify)
-        assert seen == [("alone", 3, 1)]
-        core.dispatch()
-        (jit,) = rig.take(wire.Jit)         # the round after one by JIT only: no entry, a JIT
-        jit_answer(rig, jit)
-        core.dispatch()
-        assert rig.take(wire.DraftRound)
-        (verify,) = rig.take(wire.Verify)
-        answer(rig, verify)
-        assert seen == [("alone", 3, 1), ("beside", len(verify.items[0].tokens) + 1, 1)]
-    finally:
-        core.shutdown("the test is over")
-
-
 def test_with_speculation_off_no_draft_round_is_sent_and_no_lookup_is_counted_as_a_miss():
     """ssd with the adaptive choice at K = 0: a round verifies with no draft tokens, the draft is asked for
     nothing, and the request's statistics count no cache lookup for it (only the forced one after prefill), so
