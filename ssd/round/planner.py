@@ -62,6 +62,9 @@ class SpeculationPlanner:
         self._probe_turn: dict[str, int] = {m: 0 for m in self.adaptive}
         # per target: the spans (start, end) of its recent prefills and restores, by the router's clock
         self._target_busy: dict[object, deque] = {}
+        # the batch size the choice is for (`batch_size`): the size held, when it was last seen at least that, and
+        # a verify's round trip (decayed mean), how long a smaller size must last to be taken
+        self._held_batch, self._held_at, self.round_s = 0, 0.0, 0.0
 
     # ---- K ----------------------------------------------------------------------------------------
     def plan_k(self, req) -> int:
@@ -142,8 +145,28 @@ class SpeculationPlanner:
         """Whether the sequence's rounds speculate into the cache: ssd, and K pinned or the policy's choice says so."""
         return req.mode == "ssd" and (bool(req.pinned_k) or "ssd" not in self.adaptive or self.adaptive["ssd"].cached)
 
-    def adapt(self, batch: int) -> None:
-        """The adaptive choice per mode for the current batch size (logged and exported when it changes)."""
+    def batch_size(self, running: int) -> int:
+        """The batch size the choice is for, from the sequences running now: a larger one at once, a smaller one once
+        it has lasted a verify's round trip. Under a steady load a finished request's slot is empty only until the
+        next request arrives, and a dispatch in that gap saw 7 of 8 (3 of 4): the choice moved to the other size
+        bucket's K and back every few rounds (11 times in a 25 s run at batch 8, K = 1 at 7 and K = 0 at 8), each
+        time speculating a round where it does not pay and sending the draft a catch-up; stints that end at another
+        bucket count for neither bucket's entry backoff, so nothing stopped it (2026-12-06,
+        `bench/results/steady_state_b48.jsonl`). A batch that drains (a closed batch's end) moves down a round
+        late."""
+        now = self.clock()
+        if running >= self._held_batch or now - self._held_at > self.round_s:
+            self._held_batch = running
+        if running >= self._held_batch:
+            self._held_at = now
+        return self._held_batch
+
+    def adapt(self, running: int) -> None:
+        """The adaptive choice per mode for the batch size of `running` sequences (`batch_size`; logged and exported
+        when it changes)."""
+        if not self.adaptive:
+            return
+        batch = self.batch_size(running)
         for mode, a in self.adaptive.items():
             was = (self.choice.get(mode), a.cached)
             k = a.choose(batch, self.choice.get(mode))
@@ -205,6 +228,8 @@ class SpeculationPlanner:
         behind prefills, which K does not change."""
         if self.adaptive:
             self.verify_cost.observe(positions, compute, overhead, seqs)
+            trip = compute + max(0.0, overhead)
+            self.round_s = trip if not self.round_s else 0.9 * self.round_s + 0.1 * trip
         for policy in self._fanout.values():
             policy.observe_verify(compute)
 

@@ -399,6 +399,37 @@ def test_ssd_by_jit_only_sends_no_draft_round_and_each_round_takes_a_jit_while_a
         core.shutdown("the test is over")
 
 
+def test_a_slot_empty_between_two_requests_is_not_a_smaller_batch_for_the_choice():
+    """Adaptive: a dispatch that sees one sequence fewer (a request finished, the next not yet in) keeps the choice at
+    the size it had, unless the smaller size lasts a verify's round trip; a larger size counts at once. Under a
+    steady load at batch 8 the choice went to batch 7's K and back every few rounds."""
+    clock = Clock()
+    rig = make_sd_rig("sd", adaptive=True, clock=clock)
+    core = rig.core
+    try:
+        planner = core.planner
+        sizes = []
+        planner.adaptive["sd"].choose = lambda batch, current=None: sizes.append(batch) or 0
+        planner.adaptive["ssd"].choose = lambda batch, current=None: 0
+        planner.observe_verify(8, 0.060, 0.010, 8)   # a round trip of 0.07 s
+        assert planner.round_s == pytest.approx(0.070)
+        planner.adapt(8)
+        clock.advance(0.050)
+        planner.adapt(7)                  # the gap between two requests
+        clock.advance(0.010)
+        planner.adapt(8)
+        clock.advance(0.065)
+        planner.adapt(7)                  # 0.065 s since 8 was last seen: still within a round trip
+        clock.advance(0.010)
+        planner.adapt(7)                  # 0.075 s: the batch is 7 now
+        clock.advance(0.001)
+        planner.adapt(5)                  # 5 since 7 was seen 0.001 s ago: held at 7
+        planner.adapt(9)                  # larger: at once
+        assert sizes == [8, 8, 8, 8, 7, 7, 9]
+    finally:
+        core.shutdown("the test is over")
+
+
 def test_with_speculation_off_no_draft_round_is_sent_and_no_lookup_is_counted_as_a_miss():
     """ssd with the adaptive choice at K = 0: a round verifies with no draft tokens, the draft is asked for
     nothing, and the request's statistics count no cache lookup for it (only the forced one after prefill), so
