@@ -29,6 +29,7 @@ from ssd.spec.fanout import FIRST_WINDOW, FanoutPolicy
 log = logging.getLogger("ssd.round")
 
 PROBE_SEQUENCES = 1   # sequences of a verify batch that run a probe round (the others stay at K = 0)
+HOLD_ROUNDS = 4       # verify round trips a smaller batch size must last before the choice is for it (`batch_size`)
 
 
 class SpeculationPlanner:
@@ -147,15 +148,16 @@ class SpeculationPlanner:
 
     def batch_size(self, running: int) -> int:
         """The batch size the choice is for, from the sequences running now: a larger one at once, a smaller one once
-        it has lasted a verify's round trip. Under a steady load a finished request's slot is empty only until the
-        next request arrives, and a dispatch in that gap saw 7 of 8 (3 of 4): the choice moved to the other size
-        bucket's K and back every few rounds (11 times in a 25 s run at batch 8, K = 1 at 7 and K = 0 at 8), each
-        time speculating a round where it does not pay and sending the draft a catch-up; stints that end at another
-        bucket count for neither bucket's entry backoff, so nothing stopped it (2026-12-06,
-        `bench/results/steady_state_b48.jsonl`). A batch that drains (a closed batch's end) moves down a round
-        late."""
+        it has lasted `HOLD_ROUNDS` verify round trips. Under a steady load a finished request's slot is empty only
+        until the next request is in, and dispatches in that gap saw 7 of 8 (3 of 4): the choice moved to the other
+        size bucket's K and back every few rounds (11-15 times in a 25 s run at batch 8, K = 1 at 7 and K = 0 at 8),
+        each time turning speculation on for a round or three, where it does not pay, and sending the draft a
+        catch-up of every feature since the sequences' last round; stints that end at another bucket count for
+        neither bucket's entry backoff, so nothing stopped it (2026-12-06, `bench/results/steady_state_b48.jsonl`).
+        On this host the gap lasted 80-240 ms, one to three round trips of 0.07 s; a hold of one round trip left
+        the switches as they were. A batch that drains (a closed batch's end) moves down four rounds late."""
         now = self.clock()
-        if running >= self._held_batch or now - self._held_at > self.round_s:
+        if running >= self._held_batch or now - self._held_at > HOLD_ROUNDS * self.round_s:
             self._held_batch = running
         if running >= self._held_batch:
             self._held_at = now

@@ -11,6 +11,7 @@ from ssd.engine.target_tp import build_target
 from ssd.models.loader import load_model
 from ssd.params import FinishReason, SamplingParams
 from ssd.round import CoreConfig, Phase
+from ssd.round.planner import HOLD_ROUNDS
 from ssd.round.state import MAX_TARGET_FAILURES
 from ssd.spec.backup import LinearEma
 from ssd.spec.fanout import FIRST_WINDOW
@@ -401,8 +402,8 @@ def test_ssd_by_jit_only_sends_no_draft_round_and_each_round_takes_a_jit_while_a
 
 def test_a_slot_empty_between_two_requests_is_not_a_smaller_batch_for_the_choice():
     """Adaptive: a dispatch that sees one sequence fewer (a request finished, the next not yet in) keeps the choice at
-    the size it had, unless the smaller size lasts a verify's round trip; a larger size counts at once. Under a
-    steady load at batch 8 the choice went to batch 7's K and back every few rounds."""
+    the size it had, unless the smaller size lasts `HOLD_ROUNDS` verify round trips; a larger size counts at once.
+    Under a steady load at batch 8 the choice went to batch 7's K and back every few rounds."""
     clock = Clock()
     rig = make_sd_rig("sd", adaptive=True, clock=clock)
     core = rig.core
@@ -411,17 +412,17 @@ def test_a_slot_empty_between_two_requests_is_not_a_smaller_batch_for_the_choice
         sizes = []
         planner.adaptive["sd"].choose = lambda batch, current=None: sizes.append(batch) or 0
         planner.adaptive["ssd"].choose = lambda batch, current=None: 0
-        planner.observe_verify(8, 0.060, 0.010, 8)   # a round trip of 0.07 s
-        assert planner.round_s == pytest.approx(0.070)
+        planner.observe_verify(8, 0.060, 0.010, 8)   # a round trip of 0.07 s: a hold of 0.28 s
+        assert planner.round_s == pytest.approx(0.070) and HOLD_ROUNDS == 4
         planner.adapt(8)
         clock.advance(0.050)
         planner.adapt(7)                  # the gap between two requests
         clock.advance(0.010)
         planner.adapt(8)
-        clock.advance(0.065)
-        planner.adapt(7)                  # 0.065 s since 8 was last seen: still within a round trip
-        clock.advance(0.010)
-        planner.adapt(7)                  # 0.075 s: the batch is 7 now
+        clock.advance(0.270)
+        planner.adapt(7)                  # 0.27 s since 8 was last seen: still held
+        clock.advance(0.020)
+        planner.adapt(7)                  # 0.29 s: the batch is 7 now
         clock.advance(0.001)
         planner.adapt(5)                  # 5 since 7 was seen 0.001 s ago: held at 7
         planner.adapt(9)                  # larger: at once
