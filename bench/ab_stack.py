@@ -69,6 +69,14 @@ ar, sd3, ssd3, sd-auto, ssd-auto, ssd-auto, sd-auto, ssd3, sd3, ar at batches 4,
 `bench/results/after_pinned_aa_b16.jsonl`: two stacks of fe4c661, ar, sd3, sd-auto, ar, sd-auto, ar, sd3, ar, sd-auto
 at batch 16 with `--router-debug`; `bench/results/probe_per_bucket_ab.jsonl`: a probe interval per batch-size bucket
 (not committed) against c86ba94, ar, sd-auto, ssd-auto, ssd-auto, sd-auto, ar at batches 2, 8 and 16, 2026-12-06.
+Under a steady load (`--per-client 3 --new-tokens 128 --router-debug`: each client runs three requests back to back,
+so a finished request's slot takes the next one), 2026-12-06: `bench/results/steady_state_b48.jsonl`, one stack of
+f65f53f, ar, sd1, sd-auto, ssd1, ar, sd1, sd-auto, ssd-auto, ar at batch 8 (label pc3), then another, ar, sd-auto,
+ssd-auto, ar, ssd-auto, sd-auto, ar at batches 8 and 4 (steady); `bench/results/verify_beside_draft_ab.jsonl`:
+40c6f4e (verifies beside the draft's speculation costed apart, reverted in db4b751) against f65f53f, ar, ssd-auto,
+sd-auto, ssd-auto, ar at batches 8 and 4, eight alternated stacks; `bench/results/batch_hold_1round_ab.jsonl`: a4155dc
+(the choice's batch size held for one round trip) against f65f53f, the same; `bench/results/batch_hold_ab.jsonl`:
+f4b20b5 (held for four) against f65f53f, the same.
 """
 from __future__ import annotations
 
