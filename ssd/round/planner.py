@@ -158,9 +158,7 @@ class SpeculationPlanner:
         the switches as they were. A batch that drains (a closed batch's end) moves down four rounds late."""
         now = self.clock()
         if running >= self._held_batch or now - self._held_at > HOLD_ROUNDS * self.round_s:
-            self._held_batch = running
-        if running >= self._held_batch:
-            self._held_at = now
+            self._held_batch, self._held_at = running, now
         return self._held_batch
 
     def adapt(self, running: int) -> None:

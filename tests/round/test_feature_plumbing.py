@@ -5,6 +5,9 @@ workers: replies are handed to the core and what it sends is recorded, tests/rou
 draft handlers behind a fake endpoint, the tensor-parallel leader mirroring the features flag. Through real
 processes (the shared stack, whose draft is the distilled feature draft): tests/services/test_feature_stack.py.
 """
+import random
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -79,9 +82,6 @@ def _ledger():
 def test_the_ledger_keeps_what_merge_would_through_any_order_of_blocks(monkeypatch):
     """The ledger appends a touching block in place and drops old rows in bulk; what it would send is, after every
     block, exactly the fold of `merge` over them (touching, overlapping, before, after a gap, past the cap)."""
-    import random
-    from types import SimpleNamespace
-
     monkeypatch.setattr(wire, "MAX_FEATURE_BYTES", 14)   # 7 rows of 2 bytes
     rng = random.Random(0)
     for trial in range(200):
@@ -106,8 +106,6 @@ def test_the_ledger_keeps_what_merge_would_through_any_order_of_blocks(monkeypat
 def test_a_long_plain_stretch_appends_in_place_and_keeps_at_most_twice_a_messages_rows(monkeypatch):
     """At K = 0 nothing goes to the draft, so a sequence's block grows by a round's rows each round: each is appended,
     never merged as bytes (which copied everything pending, every round: 2.5 ms a round over 2048 rounds of 16)."""
-    from types import SimpleNamespace
-
     monkeypatch.setattr(wire, "MAX_FEATURE_BYTES", 64)   # 32 rows of 2 bytes
     ledger = _ledger()
     req = SimpleNamespace(seq=1, mode="sd", draft="d", target=None)
