@@ -92,8 +92,30 @@ def test_a_packed_weight_gives_f_linears_values_on_the_packed_path(rows, shape, 
         out = linear(x, w, bias)
         assert out.shape == (1, rows, shape[0]) and out.dtype == dtype
         torch.testing.assert_close(out, F.linear(x, w, bias), rtol=tol, atol=tol)
-    # packed at every row count, in both dtypes
-    assert packed_calls == [rows, rows]
+    # packed at every row count, in both dtypes; float32 with fewer rows than the layout's hint, padded to it
+    sent = max(rows, linear_mod.PACK_HINT_ROWS) if dtype == torch.float32 else rows
+    assert packed_calls == [sent, sent]
+
+
+@needs_packing
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_a_float32_row_has_the_same_value_alone_as_beside_other_rows(rows, packed_calls):
+    """A position's value must not depend on how many rows share its product (an AR step computes one row, a
+    verify K + 1): oneDNN's one-row float32 kernel sums a long row in another order than its kernel for more rows
+    (this shape differs in the last bits unpadded), so fewer rows than the layout's hint run padded to it."""
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(64, 1536, generator=g)
+    b = torch.randn(64, generator=g)
+    x = torch.randn(9, 1536, generator=g)
+    assert pack(w)
+    with torch.no_grad():
+        for bias in (None, b):
+            few = linear(x[:rows], w, bias)
+            assert few.shape == (rows, 64) and few.is_contiguous()
+            for m in (4, 5, 9):
+                assert torch.equal(few, linear(x[:m], w, bias)[:rows])
+            torch.testing.assert_close(few, F.linear(x[:rows], w, bias), rtol=1e-4, atol=1e-4)   # 1536-long sums
+    assert packed_calls[0] == linear_mod.PACK_HINT_ROWS
 
 
 @needs_packing
