@@ -1,8 +1,9 @@
 """The CPU matmul paths of `ssd/models/linear.py` against plain `F.linear`, on this CPU.
 
-Three paths, interleaved call by call so machine noise hits them alike: `plain` (`F.linear`), `unpacked`
-(`unpacked_linear`: the weight-major form for a few rows, else `F.linear`) and `packed` (`linear` on weights
-carrying the oneDNN-packed copy `pack` attaches at load time). Two parts, in one process:
+Four paths, interleaved call by call so machine noise hits them alike: `plain` (`F.linear`), `unpacked`
+(`unpacked_linear`: the weight-major form for a few rows, else `F.linear`), `packed` (`linear` on weights
+carrying the oneDNN-packed copy `pack` attaches at load time; float32 products of 1-3 rows padded to 4) and
+`unpadded` (`unpadded_linear`: the packed copy at the rows given). Two parts, in one process:
 - `matrices`: every weight matrix of SmolLM2-135M in float32 (30 layers of fused qkv, o, fused gate/up and down,
   plus the 49k-token output layer) and of the distilled draft in bfloat16 (fc, its layer, the 8k-token head; the
   dtype a draft loads on this CPU), random values, for 1..64 rows: milliseconds per pass over all of them.
@@ -32,7 +33,7 @@ import torch.nn.functional as F  # noqa: E402
 import ssd.models.decoder as decoder  # noqa: E402
 from ssd.models.decoder import ForwardBatch  # noqa: E402
 from ssd.models.kv_cache import KVCache  # noqa: E402
-from ssd.models.linear import linear, pack, unpacked_linear  # noqa: E402
+from ssd.models.linear import linear, pack, unpacked_linear, unpadded_linear  # noqa: E402
 from ssd.models.loader import load_model  # noqa: E402
 from ssd.models.prepare import prepare_default_models  # noqa: E402
 
@@ -42,7 +43,7 @@ TARGET = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)
 DRAFT = [(576, 1152), (960, 576), (576, 576), (3072, 576), (576, 1536), (8192, 576)]
 ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 STEPS = [(1, 1), (1, 2), (1, 3), (1, 4), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (16, 1), (16, 2)]  # (batch, tokens)
-PATHS = ("plain", "unpacked", "packed")
+PATHS = ("plain", "unpacked", "packed", "unpadded")
 
 
 def interleaved(fns: dict, reps: int) -> dict:
@@ -59,12 +60,13 @@ def interleaved(fns: dict, reps: int) -> dict:
 
 def _row(r: dict) -> dict:
     return r | {"packed/unpacked": round(r["packed"] / r["unpacked"], 3),
-                "packed/plain": round(r["packed"] / r["plain"], 3)}
+                "packed/plain": round(r["packed"] / r["plain"], 3),
+                "packed/unpadded": round(r["packed"] / r["unpadded"], 3)}
 
 
 def _show(label: str, r: dict) -> None:
     print(f"{label}: " + "  ".join(f"{k} {r[k]:7.2f} ms" for k in PATHS) +
-          f"  packed/unpacked {r['packed/unpacked']:.2f}", flush=True)
+          f"  packed/unpacked {r['packed/unpacked']:.2f}  packed/unpadded {r['packed/unpadded']:.2f}", flush=True)
 
 
 def matrices(reps: int) -> dict:
@@ -81,7 +83,8 @@ def matrices(reps: int) -> dict:
             def run(fn, ws):
                 return lambda: [fn(xs[w.shape[1]], w) for w in ws]
             r = _row(interleaved({"plain": run(F.linear, weights), "unpacked": run(unpacked_linear, weights),
-                                  "packed": run(linear, packed_weights)}, reps))
+                                  "packed": run(linear, packed_weights),
+                                  "unpadded": run(unpadded_linear, packed_weights)}, reps))
             out[f"{model}/{rows}"] = r
             _show(f"{model:6s} rows {rows:2d}", r)
     return out
@@ -108,7 +111,7 @@ def model_steps(reps: int) -> dict:
                     decoder.linear = linear
             return run
         r = _row(interleaved({"plain": step(F.linear), "unpacked": step(unpacked_linear),
-                              "packed": step(linear)}, reps))
+                              "packed": step(linear), "unpadded": step(unpadded_linear)}, reps))
         out[f"{batch}x{tokens}"] = r
         _show(f"target batch {batch:2d} x {tokens} tokens", r)
     return out

@@ -29,8 +29,11 @@ Contract
   now runs the four-row kernel. It also makes a row's value independent of the rows beside it: the one-row kernel
   summed a long row (the down projection's 1536 inputs) in another order than the kernel of two or more rows, so
   an AR step and a verify could round the same position differently; every row count from 2 up gave the same
-  values, and with the padding so does one. bfloat16 is left as it is: on the draft's cache-resident matrices a
-  padded row cost more (0.84 against 1.04 ms a step), and on the target's it gained 7-16%.
+  values, and with the padding so does one. Both are this host's measurements (oneDNN picks its kernels by CPU): on
+  the Zen 5 host of 2026-12-05 the target's AR step took 0.86x a verify of four rows (22.3 against 25.9 ms:
+  docs/benchmarks.md), and the padding would cost there. `bench/matmul.py` measures both (`unpadded_linear`).
+  bfloat16 is left as it is: on the draft's cache-resident matrices a padded row cost more (1.04 against 0.84 ms a
+  step), and on the target's it gained 7-16%.
 * Unpacked, on CPU in float32 with few rows (all leading dimensions multiplied together), it computes
   ``(weight @ x^T)^T`` instead of ``x @ weight^T``. With MKL's sgemm, a 2..8-row product in the second form
   packs the whole weight matrix on every call and runs 1.5-4x slower than the first form (measured for every
@@ -49,7 +52,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-__all__ = ["linear", "pack", "pack_model", "packed", "packing_enabled", "unpacked_linear",
+__all__ = ["linear", "pack", "pack_model", "packed", "packing_enabled", "unpacked_linear", "unpadded_linear",
            "uses_weight_major"]
 
 PAIR_ROWS = 2       # at most this many rows: always weight-major (float32, unpacked)
@@ -124,6 +127,15 @@ def uses_weight_major(rows: int, weight: torch.Tensor) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return _linear(x, weight, bias, True)
+
+
+def unpadded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`linear` without the few-rows padding (benchmarks compare the two)."""
+    return _linear(x, weight, bias, False)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad: bool) -> torch.Tensor:
     in_features = weight.shape[-1]
     rows = x.numel() // in_features if in_features else 0
     copy = packed(weight) if x.dtype == weight.dtype and rows else None
@@ -131,7 +143,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                                   or (bias is not None and bias.requires_grad)))):
         flat = x.reshape(rows, in_features)
-        if rows < PACK_HINT_ROWS and x.dtype in PADDED_DTYPES:   # see the contract: faster, and row-independent
+        if pad and rows < PACK_HINT_ROWS and x.dtype in PADDED_DTYPES:   # see the contract: faster, and row-independent
             flat = torch.cat((flat, flat.new_zeros(PACK_HINT_ROWS - rows, in_features)))
             return _packed_product(flat, copy, bias)[:rows].reshape(*x.shape[:-1], weight.shape[0])
         return _packed_product(flat, copy, bias).reshape(*x.shape[:-1], weight.shape[0])

@@ -182,3 +182,14 @@ def test_unpacked_linear_ignores_a_packed_copy(packed_calls):
     x = torch.randn(6, 16)
     torch.testing.assert_close(unpacked_linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
     assert packed_calls == []
+
+
+@needs_packing
+def test_unpadded_linear_sends_the_rows_as_given(packed_calls):
+    w = torch.randn(48, 16)
+    assert pack(w)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(linear_mod.unpadded_linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+        linear(x, w)
+    assert packed_calls == [2, linear_mod.PACK_HINT_ROWS]
