@@ -26,10 +26,11 @@ Contract
   slow one: over the default target's matrices (30 layers and the output layer, 513 MiB, cold, one thread) one row
   took 41.0 ms and two 48.6, against 34.2 for four (and padded: 34.2 and 35.3); the output layer alone 7.95 and 9.67
   against 6.38 (2026-12-06, AMD Zen 4 host). So a batch-1 decode step, and every verify of one or two positions,
-  now runs the four-row kernel. It also makes a row's value independent of the rows beside it: the one-row kernel
-  summed a long row (the down projection's 1536 inputs) in another order than the kernel of two or more rows, so
-  an AR step and a verify could round the same position differently; every row count from 2 up gave the same
-  values, and with the padding so does one. Both are this host's measurements (oneDNN picks its kernels by CPU): on
+  now runs the four-row kernel. It also makes a product's row independent of the rows beside it: the one-row
+  kernel summed a long row (the down projection's 1536 inputs) in another order than the kernel of two or more
+  rows; every row count from 2 up gave the same values, and with the padding so does one. The forward as a whole
+  still rounds a position differently in an AR step and in a verify (its logits differed by up to 3e-5 at 1, 2 and
+  4 rows, padded or not), so exactness never rests on it. Both are this host's measurements (oneDNN picks its kernels by CPU): on
   the Zen 5 host of 2026-12-05 the target's AR step took 0.86x a verify of four rows (22.3 against 25.9 ms:
   docs/benchmarks.md), and the padding would cost there. `bench/matmul.py` measures both (`unpadded_linear`).
   bfloat16 is left as it is: on the draft's cache-resident matrices a padded row cost more (1.04 against 0.84 ms a
