@@ -32,6 +32,11 @@ from ssd.tokenizer import Tokenizer  # noqa: E402
 from ssd.worker.service import resolve_dtype  # noqa: E402
 
 
+def provenance_minutes(value) -> float:
+    """The provenance's training minutes as a number: a run of several stages records them as "3.8 + 1.6"."""
+    return round(sum(float(part) for part in str(value).split("+")), 2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -48,7 +53,7 @@ def main() -> None:
     result = evaluate_draft(target, draft, Tokenizer.from_folder(paths["target"]), history, args.new_tokens)
     provenance = json.loads(EAGLE_WEIGHTS.with_suffix(".json").read_text())
     result["weights"] = {"file": f"ssd/models/weights/{EAGLE_WEIGHTS.name}", **provenance}
-    result["train_minutes"] = result.get("train_minutes") or float(provenance.get("train_minutes", 0))
+    result["train_minutes"] = result.get("train_minutes") or provenance_minutes(provenance.get("train_minutes", 0))
     result["machine"] = {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
                          "torch": torch.__version__}
     result["draft_dtype"] = dtype
