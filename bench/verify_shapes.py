@@ -4,7 +4,7 @@ every other pass) so that the host's drift falls on all alike. The adaptive poli
 measured ones (`ssd.spec.adaptive.CostTable`); this says how far a guess from another shape can be off.
 
     PYTHONPATH=. python bench/verify_shapes.py [--shapes 16x1,16x2,16x3,16x4,8x2,8x4,4x4,4x1] [--reps 12]
-        [--out bench/results/verify_shapes.json]
+        [--dtype float32] [--out bench/results/verify_shapes.json]
 
 `--features both` times every shape with the draft's features asked for (as sd and ssd ask at every K, 0
 included) and without (as ar asks), interleaved the same way, with each feature block converted to its wire
@@ -59,13 +59,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--features", default="on", help="on: every verify asks for features; both: with and without")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the target's weights and KV")
     ap.add_argument("--out", default="bench/results/verify_shapes.json")
     a = ap.parse_args()
     shapes = parse_shapes(a.shapes)
     order = variants(shapes, a.features)
     torch.set_num_threads(1)
     seqs_max = max(s for s, _ in shapes)
-    worker = TargetWorker(load_model(prepare_default_models()["target"]), seqs_max,
+    worker = TargetWorker(load_model(prepare_default_models()["target"], dtype=getattr(torch, a.dtype)), seqs_max,
                           a.context + sum(r for _, r, _ in order) * (a.reps + 1) + 64)
     rng = random.Random(0)
     worker.prefill([(s, [rng.randrange(100, 20000) for _ in range(a.context)], SamplingParams())
@@ -82,7 +83,7 @@ def main() -> None:
                 times[(seqs, rows, features)].append(time.perf_counter() - t0)
     median = {(s, r): statistics.median(times[(s, r, True)]) for s, r in shapes}
     result = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.processor() or platform.machine(),
-              "torch": torch.__version__, "threads": 1, "reps": a.reps, "context": a.context,
+              "torch": torch.__version__, "threads": 1, "reps": a.reps, "context": a.context, "dtype": a.dtype,
               "median_ms": {f"{s}x{r}": round(1e3 * m, 1) for (s, r), m in median.items()}}
     if a.features == "both":
         result["median_ms_without_features"] = {f"{s}x{r}": round(1e3 * statistics.median(times[(s, r, False)]), 1)

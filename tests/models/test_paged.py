@@ -85,3 +85,25 @@ def test_prefix_hit_forward_equals_full_prefill(tiny_llama_dir):
         ref_cache = model.make_cache(1, 64, block_size=8)
         ref = model(ForwardBatch.ragged([shared + tail], [0], [0]), ref_cache)[0, -1]
     torch.testing.assert_close(h, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_attention_on_cpu_runs_in_float32_for_a_bfloat16_model(tiny_llama_dir, monkeypatch, dtype):
+    """torch's CPU SDPA in bfloat16 was 5x slower than on float32 copies at decode shapes (`UPCAST_ON_CPU`): a
+    bfloat16 model's attention gets float32 q, k and v, and its layers still return bfloat16."""
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return real(q, k, v, **kw)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    model = load_model(tiny_llama_dir, dtype=dtype)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 128, (n,), generator=g).tolist() for n in (6, 11)]
+    with torch.inference_mode():
+        cache = model.make_cache(2, 64)
+        h = model(ForwardBatch.ragged(prompts, [0, 0], [0, 1]), cache)
+        step = model(ForwardBatch.ragged([[5], [9]], [6, 11], [0, 1]), cache)
+    assert seen and all(d == (torch.float32,) * 3 for d in seen)
+    assert h.dtype == step.dtype == dtype and bool(torch.isfinite(step).all())
