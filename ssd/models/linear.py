@@ -30,11 +30,11 @@ Contract
   kernel summed a long row (the down projection's 1536 inputs) in another order than the kernel of two or more
   rows; every row count from 2 up gave the same values, and with the padding so does one. The forward as a whole
   still rounds a position differently in an AR step and in a verify (its logits differed by up to 3e-5 at 1, 2 and
-  4 rows, padded or not), so exactness never rests on it. Both are this host's measurements (oneDNN picks its kernels by CPU): on
-  the Zen 5 host of 2026-12-05 the target's AR step took 0.86x a verify of four rows (22.3 against 25.9 ms:
-  docs/benchmarks.md), and the padding would cost there. `bench/matmul.py` measures both (`unpadded_linear`).
-  bfloat16 is left as it is: on the draft's cache-resident matrices a padded row cost more (1.04 against 0.84 ms a
-  step), and on the target's it gained 7-16%.
+  4 rows, padded or not), so exactness never rests on it. Both are this host's measurements (oneDNN picks its
+  kernels by CPU): on the Zen 5 host of 2026-12-05 the target's AR step took 0.86x a verify of four rows (22.3
+  against 25.9 ms: docs/benchmarks.md), and the padding would cost there. `bench/matmul.py` measures both
+  (`unpadded_linear`). bfloat16 is left as it is: on the draft's cache-resident matrices a padded row cost more
+  (1.04 against 0.84 ms a step), and on the target's it gained 7-16%.
 * Unpacked, on CPU in float32 with few rows (all leading dimensions multiplied together), it computes
   ``(weight @ x^T)^T`` instead of ``x @ weight^T``. With MKL's sgemm, a 2..8-row product in the second form
   packs the whole weight matrix on every call and runs 1.5-4x slower than the first form (measured for every
