@@ -38,12 +38,9 @@ def paged_attention(q: torch.Tensor, batch, cache, index, layer: int) -> torch.T
                                        block_table=index.table.to(torch.int32), causal=True)
     keys, values = cache.read(layer, index)
     mask = None if batch.attn_mask is None else batch.attn_mask[:, None]
-    gqa = q.shape[2] != keys.shape[1]
+    gqa, qt = q.shape[2] != keys.shape[1], q.transpose(1, 2)
     if q.device.type == "cpu" and q.dtype in UPCAST_ON_CPU:
-        if mask is not None and mask.is_floating_point():
-            mask = mask.float()
-        out = F.scaled_dot_product_attention(q.transpose(1, 2).float(), keys.float(), values.float(), attn_mask=mask,
-                                             enable_gqa=gqa).to(q.dtype)
-    else:
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=gqa)
-    return out.transpose(1, 2)
+        qt, keys, values = qt.float(), keys.float(), values.float()
+        mask = mask.float() if mask is not None and mask.is_floating_point() else mask
+    out = F.scaled_dot_product_attention(qt, keys, values, attn_mask=mask, enable_gqa=gqa)
+    return out.to(q.dtype).transpose(1, 2)

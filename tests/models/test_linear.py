@@ -100,9 +100,9 @@ def test_a_packed_weight_gives_f_linears_values_on_the_packed_path(rows, shape, 
 @needs_packing
 @pytest.mark.parametrize("rows", [1, 2, 3])
 def test_a_float32_row_has_the_same_value_alone_as_beside_other_rows(rows, packed_calls):
-    """A position's value must not depend on how many rows share its product (an AR step computes one row, a
-    verify K + 1): oneDNN's one-row float32 kernel sums a long row in another order than its kernel for more rows
-    (this shape differs in the last bits unpadded), so fewer rows than the layout's hint run padded to it."""
+    """A product's row has the same value whatever rows share it (an AR step computes one row, a verify K + 1):
+    oneDNN's one-row float32 kernel sums a long row in another order than its kernel for more rows (this shape
+    differs in the last bits unpadded), and fewer rows than the layout's hint run padded to it."""
     g = torch.Generator().manual_seed(rows)
     w = torch.randn(64, 1536, generator=g)
     b = torch.randn(64, generator=g)
