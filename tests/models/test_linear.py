@@ -193,3 +193,24 @@ def test_unpadded_linear_sends_the_rows_as_given(packed_calls):
         torch.testing.assert_close(linear_mod.unpadded_linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
         linear(x, w)
     assert packed_calls == [2, linear_mod.PACK_HINT_ROWS]
+
+
+@needs_packing
+def test_greedy_tokens_are_the_same_with_the_few_rows_padding_and_without(tiny_llama_dir, monkeypatch, packed_calls):
+    """The padding is a speed change: a batch-1 greedy run (every decode step one row) gives the tokens it gave
+    unpadded."""
+    import ssd.models.decoder as decoder
+    from ssd.engine.ar import AREngine
+    from ssd.models.loader import load_model
+    from ssd.sampling import SamplingParams
+
+    model = load_model(tiny_llama_dir)
+    prompts = [[1, 5, 9, 13], list(range(1, 30))]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    padded = [s.output for p in prompts for s in AREngine(model, max_batch=1).generate([p], params)]
+    assert linear_mod.PACK_HINT_ROWS in packed_calls and 1 not in packed_calls
+    monkeypatch.setattr(decoder, "linear", linear_mod.unpadded_linear)
+    packed_calls.clear()
+    unpadded = [s.output for p in prompts for s in AREngine(model, max_batch=1).generate([p], params)]
+    assert 1 in packed_calls
+    assert padded == unpadded and all(len(o) == 24 for o in padded)
