@@ -40,9 +40,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from ssd.distill.corpus import Corpus, make_batch
 from ssd.distill.data import load_shards
-from ssd.distill.train import copy_trained, init_from_target, trainable
-from ssd.distill.unroll import unrolled_logits
+from ssd.distill.evaluate import chain_acceptance
+from ssd.distill.train import TrainConfig, copy_trained, init_from_target, loss_fn, trainable
 from ssd.models.eagle import FeatureDraft
 from ssd.models.prepare import EAGLE_WEIGHTS
 
@@ -83,72 +84,31 @@ def rms_scales(shard: dict) -> tuple[float, float]:
 
 
 def sequences(shards: list[dict], fused: bool) -> list[tuple]:
-    """(tokens, the draft's input features [n-1, H or 3H], prompt length, kind, the last features [n-1, H])."""
-    seqs = []
-    for sh in shards:
-        missing = [k for k in EXTRA if k not in sh] if fused else []
-        if missing:
-            raise ValueError(f"a shard lacks {missing}: make the data with ssd.distill.data's default extra_layers")
-        off, toks = sh["offsets"], sh["tokens"].long()
-        feats = torch.cat((sh[EXTRA[0]], sh[EXTRA[1]], sh["features"]), -1) if fused else sh["features"]
-        row = 0
-        for i in range(len(off) - 1):
-            n = int(off[i + 1]) - int(off[i])
-            seqs.append((toks[int(off[i]):int(off[i + 1])], feats[row:row + n - 1], int(sh["prompt_lens"][i]),
-                         int(sh["kinds"][i]), sh["features"][row:row + n - 1]))
-            row += n - 1
-    return seqs
+    """`Corpus` sequences (tokens, features, prompt length, kind) whose features are the draft's input: the last
+    feature [n-1, H], or [l2 ; l15 ; last] [n-1, 3H] when `fused`. Either way the last H columns are the target's
+    last feature (`last_of`)."""
+    if fused:
+        for sh in shards:
+            missing = [k for k in EXTRA if k not in sh]
+            if missing:
+                raise ValueError(f"a shard lacks {missing}: make the data with ssd.distill.data's default "
+                                 "extra_layers")
+        shards = [sh | {"features": torch.cat((sh[EXTRA[0]], sh[EXTRA[1]], sh["features"]), -1)} for sh in shards]
+    return Corpus.from_shards(shards).seqs
 
 
-def batch_of(seqs, seq_len: int):
-    T = min(seq_len, max(len(s[0]) - 1 for s in seqs))
-    H, W = seqs[0][4].shape[1], seqs[0][1].shape[1]
-    toks = torch.zeros(len(seqs), T, dtype=torch.long)
-    feats, last = torch.zeros(len(seqs), T, W), torch.zeros(len(seqs), T, H)
-    valid = torch.zeros(len(seqs), T, dtype=torch.bool)
-    for b, (t, f, _, _, fl) in enumerate(seqs):
-        n = min(T, len(t) - 1)
-        toks[b, :n], feats[b, :n], last[b, :n], valid[b, :n] = t[:n], f[:n].float(), fl[:n].float(), True
-    return toks, feats, last, valid, [s[2] for s in seqs]
+def last_of(feats: torch.Tensor, hidden: int) -> torch.Tensor:
+    """The target's last feature in a batch of the draft's input features (its last `hidden` columns)."""
+    return feats[..., -hidden:]
 
 
-@torch.no_grad()
 def held_out(draft: FeatureDraft, head: torch.Tensor, seqs, seq_len: int, depth: int = 4) -> dict:
-    """Greedy, teacher-forced: from every answer position, how many of `depth` drafted tokens the target's greedy
-    tokens accept; conditional acceptance per depth and tokens a round at K = 3 (bonus included)."""
-    lengths = []
-    for i in range(0, len(seqs), 8):
-        toks, feats, last, valid, plens = batch_of(seqs[i:i + 8], seq_len)
-        logits = unrolled_logits(draft, toks, feats, depth)
-        labels = F.linear(draft.norm(last), head).argmax(-1).tolist()
-        preds = [draft.vocab_ids[lg.argmax(-1)].tolist() for lg in logits]
-        for b, n in enumerate(valid.sum(-1).tolist()):
-            for s in range(max(0, plens[b] - 1), n - depth + 1):
-                L = 0
-                while L < depth and preds[L][b][s + L] == labels[b][s + L]:
-                    L += 1
-                lengths.append(L)
-    reach = [sum(x >= k for x in lengths) for k in range(depth + 1)]
-    return {"starts": len(lengths),
-            "conditional": [round(reach[k + 1] / max(1, reach[k]), 4) for k in range(depth)],
-            "tokens_k3": round(1 + sum(min(x, 3) for x in lengths) / max(1, len(lengths)), 4)}
-
-
-def loss_of(draft, toks, feats, last, valid, depth: int, decay: float):
-    """`ssd.distill.train.loss_fn`'s loss (cross-entropy to the target's draft-vocabulary distribution at every
-    unrolled depth), with the target's distribution read from the last feature whatever the draft reads."""
-    logits = unrolled_logits(draft, toks, feats, depth)
-    with torch.no_grad():
-        tprob = torch.softmax(draft.draft_logits(draft.norm(last)).float(), -1)
-    pos = torch.arange(toks.shape[1])
-    total, accs = 0.0, []
-    for k, lg in enumerate(logits, start=1):
-        m = valid & (pos >= k - 1)[None, :]
-        ce = -(tprob * torch.log_softmax(lg.float(), -1)).sum(-1)
-        total = total + decay ** (k - 1) * (ce * m).sum() / m.sum().clamp(min=1)
-        with torch.no_grad():
-            accs.append(float(((lg.argmax(-1) == tprob.argmax(-1)) & m).sum() / m.sum().clamp(min=1)))
-    return total, accs
+    """Greedy, teacher-forced (`chain_acceptance`, the target's tokens from its last feature): conditional
+    acceptance per depth from every answer position, and tokens a round at K = 3 (bonus included)."""
+    H = draft.cfg.hidden_size
+    r = chain_acceptance(draft, seqs, depth, head=head, target_norm=lambda f: draft.norm(last_of(f, H)),
+                         seq_len=seq_len)
+    return {"starts": r["positions"], "conditional": r["conditional"], "tokens_k3": r["tokens_per_round"]["3"]}
 
 
 def run(variant: str, target, data: Path, out: Path, minutes: float, lr: float = 2e-4, fuse_lr: float = 1e-3,
@@ -192,6 +152,7 @@ def run(variant: str, target, data: Path, out: Path, minutes: float, lr: float =
         groups.append({"params": [draft.fuse_weight], "base": fuse_lr})
     opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     head = target.embed if target.lm_head is None else target.lm_head
+    H, cfg = draft.cfg.hidden_size, TrainConfig(depth=depth, depth_decay=decay)
     say({"variant": variant, "train_seqs": len(train), "train_tokens": sum(len(s[0]) for s in train),
          "held_seqs": len(held_set), "scales": scales, "lr": lr, "fuse_lr": fuse_lr if fused else None,
          "part": part, "trained_parameters": sum(p.numel() for g in groups for p in g["params"])})
@@ -203,19 +164,19 @@ def run(variant: str, target, data: Path, out: Path, minutes: float, lr: float =
     losses, accs = [], []
     while time.time() - start < budget and (not max_steps or step < max_steps):
         i = rng.randrange(0, max(1, len(order) - batch))
-        toks, feats, last, valid, _ = batch_of([train[j] for j in order[i:i + batch]], seq_len)
+        toks, feats, valid, _ = make_batch([train[j] for j in order[i:i + batch]], seq_len)
         frac = min(1.0, (time.time() - start) / budget)
         for g in opt.param_groups:
             g["lr"] = g["base"] * min(1.0, (step + 1) / 20) * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, acc = loss_of(draft, toks, feats, last, valid, depth, decay)
+            loss, acc = loss_fn(draft, toks, feats, valid, cfg, target_feats=last_of(feats, H))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
         opt.step()
         step += 1
         losses.append(float(loss.detach()))
-        accs.append(acc)
+        accs.append(acc.tolist())
         if step % 10 == 0:
             say({"step": step, "loss": round(sum(losses) / len(losses), 4),
                  "acc": [round(sum(a[k] for a in accs) / len(accs), 4) for k in range(depth)]})
@@ -230,7 +191,6 @@ def run(variant: str, target, data: Path, out: Path, minutes: float, lr: float =
               "minutes": round((time.time() - start) / 60, 2),
               "train_tokens": sum(len(s[0]) for s in train), "curve": curve}
     if fused:
-        H = draft.cfg.hidden_size
         w = draft.fuse_weight.detach()
         result["fuse_block_norms"] = [round(float(w[:, i * H:(i + 1) * H].norm()), 3) for i in range(3)]
     (out / "result.json").write_text(json.dumps(result, indent=1))

@@ -102,11 +102,13 @@ def target_logprobs(draft: FeatureDraft, feats: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(draft.draft_logits(draft.norm(feats)), -1)
 
 
-def loss_fn(draft, toks, feats, valid, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_fn(draft, toks, feats, valid, cfg: TrainConfig,
+            target_feats: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The loss and the training accuracy per depth ([depth], on the batch's device: read it only when logging,
-    which on a GPU waits for the step)."""
+    which on a GPU waits for the step). The target's distribution comes from `target_feats` (default `feats`), for
+    a draft whose input is more than the target's last feature (bench/fused_features.py)."""
     logits = unrolled_logits(draft, toks, feats, cfg.depth)
-    tgt = target_logprobs(draft, feats).float()
+    tgt = target_logprobs(draft, feats if target_feats is None else target_feats).float()
     tprob = tgt.exp()
     total, accs = 0.0, []
     T = toks.shape[1]

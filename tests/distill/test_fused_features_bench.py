@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from ssd.distill.corpus import make_batch
 from ssd.distill.data import DataConfig, generate_shard, load_shards, shard_path
 from ssd.distill.train import copy_trained, init_from_target
 from ssd.distill.unroll import unrolled_logits
@@ -43,8 +44,8 @@ def test_the_fused_draft_starts_out_computing_what_the_shipped_one_does(data):
     assert {"features_l2", "features_l15"} <= set(shards[0])
     last = bench.sequences(shards, fused=False)
     fused = bench.sequences(shards, fused=True)
-    toks, feats, _, _, _ = bench.batch_of(last, 64)
-    toks3, feats3, _, _, _ = bench.batch_of(fused, 64)
+    toks, feats, _, _ = make_batch(last, 64)
+    toks3, feats3, _, _ = make_batch(fused, 64)
     assert feats3.shape[-1] == 3 * feats.shape[-1] and torch.equal(toks, toks3)
     plain = unrolled_logits(shipped_draft(target), toks, feats, 3)
     widened = unrolled_logits(bench.make_fused(shipped_draft(target), bench.rms_scales(shards[0])), toks3, feats3, 3)
