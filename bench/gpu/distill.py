@@ -84,6 +84,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--init-from", type=Path, default=None, help="start from a trained draft's tensors")
     ap.add_argument("--layers", type=int, default=1,
                     help="draft decoder layers (with --init-from a draft of fewer: the new ones start as identities)")
+    ap.add_argument("--train", choices=("all", "grown"), default="all", dest="train_only",
+                    help="grown: with --init-from and more --layers than it has, train only the new layers")
     ap.add_argument("--correction-weight", type=float, default=0.0,
                     help="extra loss weight of chains starting right after a draft error (where rounds start)")
     ap.add_argument("--depth", type=int, default=3,
@@ -245,7 +247,7 @@ def training(run: Run, target_dir: Path, data_dir: Path, train_dir: Path, data: 
     cfg = TrainConfig(batch=args.batch, seq_len=args.seq_len, lr=args.lr, steps=args.steps, minutes=minutes,
                       schedule="steps" if args.smoke else "minutes", seed=args.seed, bf16=True, held_out_shards=1,
                       reload_every=0, checkpoint_every=args.checkpoint_every, device=args.device,
-                      init_from=str(args.init_from or ""), layers=args.layers,
+                      init_from=str(args.init_from or ""), layers=args.layers, train_only=args.train_only,
                       correction_weight=args.correction_weight, depth=args.depth, depth_decay=args.depth_decay)
     run.log(f"training: {minutes:.1f} minutes, batch {cfg.batch}, lr {cfg.lr}, on {cfg.device}")
     meta = {"command": "bash bench/gpu/distill.sh" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else ""),

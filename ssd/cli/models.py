@@ -47,6 +47,9 @@ def add_parser(sub) -> None:
                            "starting as identities)")
     dist.add_argument("--init-from", type=Path, default=None,
                       help="start training from a trained draft's tensors (e.g. the packaged draft) instead of the target's last layer")
+    dist.add_argument("--train", choices=("all", "grown"), default="all", dest="train_only",
+                      help="grown: with --init-from and more --layers than it has, train only the new layers (the "
+                           "trained draft underneath stays as it is)")
     dist.add_argument("--follow", action="store_true",
                       help="train alongside a running data stage: wait for its first shards, take new ones as they come")
     dist.add_argument("--export", type=Path, default=None,
@@ -94,7 +97,7 @@ def cmd_distill(args) -> int:
     if args.stage in ("train", "all"):
         cfg = TrainConfig(steps=args.steps, minutes=args.minutes, lr=args.lr, seed=args.seed, bf16=not args.no_bf16,
                           follow=args.follow, init_from=str(args.init_from or ""),
-                          layers=args.layers, schedule=args.schedule, correction_weight=args.correction_weight,
+                          layers=args.layers, train_only=args.train_only, schedule=args.schedule, correction_weight=args.correction_weight,
                           depth=args.depth, depth_decay=args.depth_decay)
         train(target, data, run, cfg)
         if args.export:

@@ -52,6 +52,8 @@ class TrainConfig:
     reload_every: int = 50         # steps between looks for new shards (data generation may still run)
     follow: bool = False           # wait for the first shards of a data stage running alongside
     init_from: str = ""            # start from a trained draft's tensors (a packaged `.safetensors`), keeping its vocabulary
+    train_only: str = "all"        # "grown": with `init_from` a draft of fewer layers, train only the layers grown on
+                                   # it (they start as identities); the rest stays as trained and cannot be forgotten
     checkpoint_every: int = 50
     device: str = "cpu"            # where the draft trains (bf16 autocast on that device's type)
     extra: dict = field(default_factory=dict)
@@ -59,6 +61,10 @@ class TrainConfig:
     def __post_init__(self):
         if self.schedule not in ("steps", "minutes"):
             raise ValueError(f"schedule must be 'steps' or 'minutes', got {self.schedule!r}")
+        if self.train_only not in ("all", "grown"):
+            raise ValueError(f"train_only must be 'all' or 'grown', got {self.train_only!r}")
+        if self.train_only == "grown" and not self.init_from:
+            raise ValueError("train_only='grown' needs init_from: the trained draft the new layers grow on")
         if self.depth < 1:
             raise ValueError(f"depth must be >= 1, got {self.depth}")
         if not 0 < self.depth_decay <= 1:
@@ -144,7 +150,11 @@ def _lr(step: int, cfg: TrainConfig, seconds: float = 0.0) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def trainable(draft: FeatureDraft) -> list[torch.nn.Parameter]:
+def trainable(draft: FeatureDraft, first_layer: int = 0) -> list[torch.nn.Parameter]:
+    """What training moves: all of the draft's own tensors, or (`first_layer` > 0) only its decoder layers from
+    `first_layer` on."""
+    if first_layer:
+        return [p for layer in draft.layers[first_layer:] for p in layer.parameters()]
     return [draft.fc_weight, draft.fc_bias, draft.feature_norm.weight, draft.embed_norm.weight,
             *draft.layers.parameters()]
 
@@ -191,6 +201,8 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
     if state_path.exists():
         st = load_file(str(state_path))
         vocab_ids, cover, feature_rms = st["vocab_ids"], float(st["cover"]), float(st["feature_rms"])
+        if cfg.train_only == "grown":   # the state holds only the grown layers: the rest comes from the start again
+            warm = load_file(cfg.init_from)
     else:
         if cfg.init_from:
             warm = load_file(cfg.init_from)
@@ -202,14 +214,22 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
         feature_rms = float(sample.pow(2).mean(-1).sqrt().median())
     corpus = corpus.to(dev)
     draft = init_from_target(target, vocab_ids, cfg.layers, cfg.seed, feature_rms)
+    first_layer = 0
     if warm is not None:
         copy_trained(draft, warm, grow=True)
         grown = cfg.layers - trained_layers(warm)
-        log(f"initialised from {cfg.init_from}" + (f", {grown} identity layer(s) added" if grown else ""))
+        if cfg.train_only == "grown":
+            if not grown:
+                raise ValueError(f"train_only='grown': {cfg.init_from} already has {cfg.layers} layer(s); "
+                                 "grow it with more layers")
+            first_layer = trained_layers(warm)
+        if not state_path.exists():
+            log(f"initialised from {cfg.init_from}" + (f", {grown} identity layer(s) added" if grown else "")
+                + (" (only they train)" if first_layer else ""))
     draft = draft.to(dev)
     draft._rope = None      # rebuilt on the draft's device at the first forward
     draft.requires_grad_(False)
-    params = trainable(draft)
+    params = trainable(draft, first_layer)
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)

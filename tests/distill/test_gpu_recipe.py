@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from ssd.distill.train import load_trained
 from ssd.models.eagle import FeatureDraft, trained_tensors
 from ssd.models.loader import load_model
-from ssd.models.prepare import _write_eagle
+from ssd.models.prepare import EAGLE_WEIGHTS, _write_eagle
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu" / "distill.sh"
@@ -29,10 +30,11 @@ def _run(tmp_path, models_dir, timeout: int, *args: str, **env):
 
 
 def test_the_smoke_path_leaves_an_installable_draft_its_history_and_a_summary(default_models, tmp_path):
-    # a two-layer draft with the loss weighted after draft errors, unrolled 5 deep: the recipe's options reach its
-    # training; two generator processes share the teacher data's shards
-    r = _run(tmp_path, default_models["target"].parent, 600, "--layers", "2", "--correction-weight", "1",
-             "--depth", "5", "--depth-decay", "0.9", "--gen-procs", "2", SSD_GPU_DISTILL_SMOKE="1")
+    # the packaged draft grown by a layer that alone trains, with the loss weighted after draft errors, unrolled 5
+    # deep: the recipe's options reach its training; two generator processes share the teacher data's shards
+    r = _run(tmp_path, default_models["target"].parent, 600, "--layers", "2", "--init-from", str(EAGLE_WEIGHTS),
+             "--train", "grown", "--correction-weight", "1", "--depth", "5", "--depth-decay", "0.9",
+             "--gen-procs", "2", SSD_GPU_DISTILL_SMOKE="1")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "== gpu_distill ==" in r.stdout
     out = tmp_path / "out"
@@ -52,7 +54,12 @@ def test_the_smoke_path_leaves_an_installable_draft_its_history_and_a_summary(de
     train_config = json.loads(provenance["train_config"])
     assert (train_config["device"], train_config["layers"], train_config["correction_weight"]) == ("cpu", 2, 1.0)
     assert (train_config["depth"], train_config["depth_decay"]) == (5, 0.9)
-    assert len(draft.layers) == 2
+    assert train_config["train_only"] == "grown" and len(draft.layers) == 2
+    shipped = load_file(str(EAGLE_WEIGHTS))   # only the grown layer trained: the packaged draft lies under it
+    with safe_open(str(out / "draft.safetensors"), framework="pt") as f:
+        for name, t in shipped.items():
+            assert torch.equal(f.get_tensor(name), t), name
+        assert f.get_tensor("model.layers.1.mlp.down_proj.weight").abs().sum() > 0
 
     # what `ssd models prepare` does with a shipped draft: a model folder the loader reads as a FeatureDraft
     folder = tmp_path / "installed"

@@ -89,3 +89,34 @@ def test_a_draft_cannot_shrink_by_growing(data, tmp_path):
     draft = init_from_target(target, st["vocab_ids"].long(), layers=1)
     with pytest.raises(ValueError, match="cannot grow"):
         copy_trained(draft, st2, grow=True)
+
+
+def test_training_only_the_grown_layer_leaves_the_draft_underneath_as_shipped(data, tmp_path):
+    target, folder = data
+    shipped = load_file(str(EAGLE_WEIGHTS))
+    cfg = TrainConfig(steps=1, minutes=1, init_from=str(EAGLE_WEIGHTS), checkpoint_every=1000, layers=2, warmup=1,
+                      train_only="grown")
+    train(target, folder, tmp_path / "run", cfg, log=lambda *_: None, progress=False)
+    # resumed for a second step: what did not train still comes from the shipped draft, not the target
+    cfg = TrainConfig(steps=2, minutes=1, init_from=str(EAGLE_WEIGHTS), checkpoint_every=1000, layers=2, warmup=1,
+                      train_only="grown")
+    train(target, folder, tmp_path / "run", cfg, log=lambda *_: None, progress=False)
+    out = load_file(str(tmp_path / "run" / "draft.safetensors"))
+    for name, t in shipped.items():
+        assert torch.equal(out[name], t), name
+    new = [k for k in out if k.startswith("model.layers.1.")]
+    assert new and out["model.layers.1.mlp.down_proj.weight"].abs().sum() > 0
+    state = load_file(str(tmp_path / "run" / "state.safetensors"))
+    assert int(state["step"]) == 2
+    assert {k for k in state if k.startswith("w.")} == {k for k in state if k.startswith("w.layers.1.")}
+
+
+def test_training_only_grown_layers_needs_a_draft_to_grow(data, tmp_path):
+    target, folder = data
+    with pytest.raises(ValueError, match="needs init_from"):
+        TrainConfig(train_only="grown")
+    with pytest.raises(ValueError, match="grow it"):
+        train(target, folder, tmp_path / "run", TrainConfig(steps=0, minutes=1, init_from=str(EAGLE_WEIGHTS),
+                                                            train_only="grown"), log=lambda *_: None, progress=False)
+    with pytest.raises(ValueError, match="train_only"):
+        TrainConfig(train_only="some")
