@@ -47,7 +47,7 @@ class TrainConfig:
     seed: int = 0
     correction_weight: float = 0.0  # extra loss weight of the chains that start right after a draft error (where
                                     # the engine's rounds start: the token there is the target's correction)
-    bf16: bool = True
+    bf16: bool = True              # bf16 autocast, where the device computes bfloat16 natively (`train` says when not)
     held_out_shards: int = 1       # the first shard(s) of the data are kept for validation
     reload_every: int = 50         # steps between looks for new shards (data generation may still run)
     follow: bool = False           # wait for the first shards of a data stage running alongside
@@ -247,6 +247,14 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
             history.setdefault("resumes", []).append({"step": step, "previous_config": history["config"]})
             history["config"] = asdict(cfg)
         log(f"resumed at step {step}")
+    from ssd.worker import service as worker_service
+
+    # bf16 autocast only where the device multiplies bfloat16 in hardware: an AVX2 CPU emulates it, and a step of
+    # the grown 2-layer draft took 150 s there against 7.5 s in float32 (2026-12-07)
+    autocast = cfg.bf16 and worker_service.native_bf16(cfg.device)
+    if cfg.bf16 and not autocast:
+        log(f"bf16 autocast off: {cfg.device} has no native bfloat16 (emulated, ~20x slower); training in float32")
+    history["autocast"] = "bfloat16" if autocast else "float32"
     log(f"{len(corpus.seqs)} training sequences ({corpus.tokens} tokens), draft vocab {len(vocab_ids)} covers "
         f"{cover:.1%} of answer tokens; {sum(p.numel() for p in params) / 1e6:.2f} M trainable parameters")
     rng = random.Random(cfg.seed * 7919 + step)
@@ -267,7 +275,7 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
         toks, feats, valid, _ = make_batch(seqs, cfg.seq_len, dev)
         for g in opt.param_groups:
             g["lr"] = _lr(step, cfg, time.time() - t0)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
             loss, accs = loss_fn(draft, toks, feats, valid, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -120,3 +120,25 @@ def test_training_only_grown_layers_needs_a_draft_to_grow(data, tmp_path):
                                                             train_only="grown"), log=lambda *_: None, progress=False)
     with pytest.raises(ValueError, match="train_only"):
         TrainConfig(train_only="some")
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_autocast_runs_only_where_the_device_computes_bfloat16(data, tmp_path, monkeypatch, native):
+    from ssd.worker import service
+
+    target, folder = data
+    monkeypatch.setattr(service, "native_bf16", lambda device: native)
+    real, enabled = torch.autocast, []
+
+    def autocast(device_type, dtype=None, enabled_=True, **kw):
+        enabled.append(kw.get("enabled", enabled_))
+        return real(device_type, dtype=dtype, **kw)
+
+    monkeypatch.setattr(torch, "autocast", autocast)
+    lines = []
+    history = train(target, folder, tmp_path, TrainConfig(steps=1, minutes=1, init_from=str(EAGLE_WEIGHTS),
+                                                          checkpoint_every=1000, warmup=1), log=lines.append,
+                    progress=False)
+    assert history["autocast"] == ("bfloat16" if native else "float32")
+    assert any("no native bfloat16" in line for line in lines) != native
+    assert enabled == [native]   # the training step's autocast
