@@ -197,15 +197,14 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
     corpus, n_shards = load()
     held = Corpus.from_shards(load_shards(data_dir, cfg.held_out_shards)).to(dev) if cfg.held_out_shards else None
     state_path, hist_path = out / "state.safetensors", out / "history.json"
-    warm = None
-    if state_path.exists():
+    # a resumed run's state holds only what trains: with `train_only="grown"` the rest comes from `init_from` again
+    resuming = state_path.exists()
+    warm = load_file(cfg.init_from) if cfg.init_from and (not resuming or cfg.train_only == "grown") else None
+    if resuming:
         st = load_file(str(state_path))
         vocab_ids, cover, feature_rms = st["vocab_ids"], float(st["cover"]), float(st["feature_rms"])
-        if cfg.train_only == "grown":   # the state holds only the grown layers: the rest comes from the start again
-            warm = load_file(cfg.init_from)
     else:
-        if cfg.init_from:
-            warm = load_file(cfg.init_from)
+        if warm is not None:
             vocab_ids = warm["vocab_ids"].long()
             cover = vocab_cover(corpus, vocab_ids)
         else:
@@ -217,13 +216,14 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
     first_layer = 0
     if warm is not None:
         copy_trained(draft, warm, grow=True)
-        grown = cfg.layers - trained_layers(warm)
+        have = trained_layers(warm)
+        grown = cfg.layers - have
         if cfg.train_only == "grown":
             if not grown:
                 raise ValueError(f"train_only='grown': {cfg.init_from} already has {cfg.layers} layer(s); "
                                  "grow it with more layers")
-            first_layer = trained_layers(warm)
-        if not state_path.exists():
+            first_layer = have
+        if not resuming:
             log(f"initialised from {cfg.init_from}" + (f", {grown} identity layer(s) added" if grown else "")
                 + (" (only they train)" if first_layer else ""))
     draft = draft.to(dev)
@@ -234,7 +234,7 @@ def train(target: Decoder, data_dir: str | Path, out: str | Path, cfg: TrainConf
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step, history = 0, {"config": asdict(cfg), "vocab_cover": cover, "train_tokens": corpus.tokens, "log": []}
-    if state_path.exists():
+    if resuming:
         names = dict(draft.named_parameters())
         for n, p in names.items():
             if "w." + n in st:
