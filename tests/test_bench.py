@@ -1,5 +1,7 @@
 """`ssd bench`'s summary: the best fixed K per mode, and the adaptive setting against it; its passes and how a
 mode's runs add up (no processes)."""
+import pytest
+
 from ssd.bench.stack import add_measures, markdown, mode_row, pass_plan, summary_row
 
 
@@ -74,3 +76,42 @@ def test_a_modes_runs_add_up_to_one_row_over_all_of_them_not_a_mean_of_their_rat
     assert both["acceptance_per_position"] == [70 / 150, 2 / 6]
     assert add_measures(a, {"tokens": 0, "wall_s": 0.0, "totals": {k: (type(v)() if not isinstance(v, (int, float))
                                                                          else 0) for k, v in a["totals"].items()}}) == a
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_host_facts_name_the_dtype_each_service_loads_on_this_cpu(monkeypatch, native):
+    import ssd.worker.service as service
+    from ssd.bench.stack import host_facts
+
+    monkeypatch.setattr(service, "native_bf16", lambda device: native)
+    facts = host_facts()
+    assert facts["native_bf16"] is native
+    # the target's default is float32 everywhere; the draft's `auto` is bfloat16 only where the CPU computes it
+    assert facts["dtype"] == {"target": "float32", "draft": "bfloat16" if native else "float32"}
+    assert facts["cores"] >= 1 and facts["cpu"]
+    # a --dtype given to the stack is what both load
+    assert host_facts("float16")["dtype"] == {"target": "float16", "draft": "float16"}
+
+
+def test_the_defaults_the_host_facts_read_are_the_services_own():
+    from services.draft.service import DraftConfig
+    from services.target.service import TargetConfig
+    from ssd.worker.service import DEFAULT_DTYPES
+
+    assert DEFAULT_DTYPES == {"target": TargetConfig().dtype, "draft": DraftConfig().dtype}
+
+
+def test_the_cpu_name_is_linux_model_name(monkeypatch, tmp_path):
+    import builtins
+
+    from ssd.bench import stack
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14 96-Core Processor\n")
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **kw: real_open(
+        cpuinfo if path == "/proc/cpuinfo" else path, *a, **kw))
+    assert stack.cpu_name() == "AMD EPYC 9R14 96-Core Processor"
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **kw: (_ for _ in ()).throw(OSError("no procfs")))
+    monkeypatch.setattr(stack.platform, "processor", lambda: "")
+    assert stack.cpu_name() == stack.platform.machine()

@@ -15,7 +15,7 @@ from ssd.engine.draft_handler import DraftHandler
 from ssd.engine.warmup import warm_up_draft
 from ssd.models.kv_cache import default_kv_tokens
 from ssd.spec.fanout import default_fanout
-from ssd.worker.service import Loaded, Role, WorkerConfig, load_plain, run_worker, setup_process
+from ssd.worker.service import DEFAULT_DTYPES, Loaded, Role, WorkerConfig, load_plain, run_worker, setup_process
 
 
 @dataclass(slots=True)
@@ -23,9 +23,9 @@ class DraftConfig(WorkerConfig):
     """Settings of a draft replica."""
     data_address: str = field(default="tcp://127.0.0.1:5602", metadata={"help": "ZeroMQ endpoint to bind"})
     control_address: str = field(default="127.0.0.1:5702", metadata={"help": "gRPC control address to bind"})
-    dtype: str = field(default="auto", metadata={"help": "weights and KV cache: auto (bfloat16 where the device "
-                                                         "computes it natively, else float32), float32, bfloat16 or "
-                                                         "float16; a draft's dtype changes no output"})
+    dtype: str = field(default=DEFAULT_DTYPES["draft"], metadata={
+        "help": "weights and KV cache: auto (bfloat16 where the device computes it natively, else float32), float32, "
+                "bfloat16 or float16; a draft's dtype changes no output"})
     k: int = field(default=3, metadata={"help": "tokens per speculation (K)"})
     fanout: tuple[int, ...] = field(default=(), metadata={"help": "forks per acceptance position F_0..F_K"})
     min_confidence: float = field(default=0.0, metadata={

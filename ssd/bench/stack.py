@@ -14,10 +14,15 @@ size's runs falls on all modes alike and the ratios keep it out. A share holds a
 batch), so where the prompts do not split into shares of b, a pass runs b of them (wrapping around the list) and the
 batch size takes longer. Each pass's own ratios are kept beside the totals (`passes`), their spread is the noise
 left.
+
+The result records the host (`host_facts`): the CPU's model, its cores, whether it computes bfloat16 natively and the
+dtype each service loaded. The same commit ran SSD / SD 1.07 at batch 1 on an AVX-512 BF16 host (a bfloat16 draft,
+JIT 7 ms a round) and 1.08-1.17 on an AVX2 one (a float32 draft, JIT 19 ms), and the files did not say which was which.
 """
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -143,6 +148,31 @@ def summary_row(per: dict) -> dict:
             "overhead_fraction": s["overhead_fraction"], "modes": per}
 
 
+def cpu_name() -> str:
+    """The CPU's model as Linux names it (`model name` in /proc/cpuinfo), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_facts(dtype: str = "", device: str = "cpu") -> dict:
+    """What a figure of this host depends on: the CPU, its cores, whether it computes bfloat16 natively, and the dtype
+    each service loads with `--dtype dtype` (empty: each service's own default, `DEFAULT_DTYPES`, as the stack passes
+    none), resolved by the function the services use."""
+    from ssd.worker.service import DEFAULT_DTYPES, native_bf16, resolve_dtype
+
+    return {"cpu": cpu_name(), "machine": platform.machine(), "cores": os.cpu_count(),
+            "native_bf16": native_bf16(device),
+            "dtype": {role: resolve_dtype(dtype or DEFAULT_DTYPES[role], device, role)
+                      for role in ("target", "draft")}}
+
+
 def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: int = 3, models_dir=None,
           draft_model=None, out: Path | None = None, log=print, ks=None, passes: int = 2) -> dict:
     """`ks`: the fixed K values SD and SSD run at (default: just `k`); the stack's draft speculates up to the
@@ -155,6 +185,9 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
     modes = [("ar", 0)] + [(m, kk) for kk in ks for m in ("sd", "ssd")] + [("sd-auto", 0), ("ssd-auto", 0)]
     named = [(m if m in ("ar", "sd-auto", "ssd-auto") else f"{m}{kk}", m, kk) for m, kk in modes]
     rows: dict = {}
+    host = host_facts(cfg.dtype)
+    log(f"host: {host['cpu']}, {host['cores']} cores, bfloat16 {'native' if host['native_bf16'] else 'emulated'}; "
+        f"target {host['dtype']['target']}, draft {host['dtype']['draft']}")
     with Stack(cfg) as stack, Client(stack.grpc_address, timeout=3600) as client:
         client.generate(prompts_all[0], chat=True, max_tokens=4, mode="ssd")  # warm-up
         for b in batches:
@@ -174,7 +207,8 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
                 f"{_by_pass(by_pass)}; adaptive/AR {r['auto_over_ar']:.2f}, "
                 f"adaptive/best SD {r['auto_over_sd']:.2f}; ssd{r['ssd_k']}: hit {r['hit_rate']:.2f}, "
                 f"late {r['late_rate']:.2f}, a {r['acceptance']:.2f}, overhead {r['overhead_fraction']:.3f})")
-    result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "new_tokens": new_tokens,
+    result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "host": host,
+              "new_tokens": new_tokens,
               "prompts": n_prompts, "passes": max(1, passes), "k": max(ks), "ks": list(ks),
               "draft": str(draft_model or "default"),
               "pinning": "target cpu 0, draft and router cpu 1, 1 torch thread each", "batch": rows}

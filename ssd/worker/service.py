@@ -56,6 +56,11 @@ class Role:
     check: Callable[[], str | None] | None = None
 
 
+
+# each role's --dtype when none is given (the target's is WorkerConfig's; the draft service's config overrides it)
+DEFAULT_DTYPES = {"target": "float32", "draft": "auto"}
+
+
 @dataclass(slots=True)
 class WorkerConfig:
     model: Path | None = field(default=None, metadata={"help": "model folder (default: the embedded default)"})
@@ -78,11 +83,10 @@ class WorkerConfig:
                                                         "it is full"})
     block_size: int = field(default=16, metadata={"help": "tokens per KV cache block (paging and prefix caching)"})
     device: str = field(default="cpu", metadata={"help": "where the model runs: cpu, cuda or cuda:N"})
-    dtype: str = field(default="float32", metadata={"help": "weights and KV cache: auto, float32, bfloat16 or "
-                                                            "float16 (auto: float32 for a target, whose exact "
-                                                            "identity with the target alone is tested in float32; "
-                                                            "bfloat16 for a draft where the device computes it "
-                                                            "natively, else float32)"})
+    dtype: str = field(default=DEFAULT_DTYPES["target"], metadata={
+        "help": "weights and KV cache: auto, float32, bfloat16 or float16 (auto: float32 for a target, whose exact "
+                "identity with the target alone is tested in float32; bfloat16 for a draft where the device computes "
+                "it natively, else float32)"})
     cuda_graphs: str = field(default="auto", metadata={"help": "replay decode, verify and branch steps as CUDA "
                                                                "graphs: auto (on CUDA), on or off"})
     metrics_address: str = field(default="", metadata={"help": "serve Prometheus /metrics on host:port "
