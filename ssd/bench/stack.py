@@ -167,8 +167,7 @@ def host_facts(dtype: str = "", device: str = "cpu") -> dict:
     none), resolved by the function the services use."""
     from ssd.worker.service import DEFAULT_DTYPES, native_bf16, resolve_dtype
 
-    return {"cpu": cpu_name(), "machine": platform.machine(), "cores": os.cpu_count(),
-            "native_bf16": native_bf16(device),
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "native_bf16": native_bf16(device),
             "dtype": {role: resolve_dtype(dtype or DEFAULT_DTYPES[role], device, role)
                       for role in ("target", "draft")}}
 

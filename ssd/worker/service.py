@@ -56,7 +56,6 @@ class Role:
     check: Callable[[], str | None] | None = None
 
 
-
 # each role's --dtype when none is given (the target's is WorkerConfig's; the draft service's config overrides it)
 DEFAULT_DTYPES = {"target": "float32", "draft": "auto"}
 
