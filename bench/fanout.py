@@ -107,13 +107,13 @@ def run_config(target, draft, prompts, fanout, k, new_tokens, batch=1, online=Fa
     probe = Probe(engine, k)
     sent = []   # online: the budget of every DraftRound's fan-out
     if online:
-        planner, inner = engine.core.planner, engine.core.planner.round_fanout
+        planner, inner = engine.core.planner, engine.core.planner.round_fanouts
 
-        def round_fanout(d, *args):
+        def round_fanouts(d, *args):
             f = inner(d, *args)
-            sent.append(sum(f))
+            sent.append(max(map(sum, f.values()), default=0))   # every length's split sums to the same budget
             return f
-        planner.round_fanout = round_fanout
+        planner.round_fanouts = round_fanouts
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     stats, outputs = SpecStats(), []
     t0 = time.perf_counter()

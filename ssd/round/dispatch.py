@@ -47,11 +47,17 @@ class Dispatcher:
                 trace.count("active", batch_id, len(core.active))
             t.send(wire.Verify(batch_id, items, any(core.features.wanted(r) for r in reqs)))
         for d, items in rounds.items():
-            fanout = core.planner.round_fanout(d, len(items))
+            # one fan-out per length of the speculations being verified: a round of k tokens has k + 1 outcomes
+            fanouts = core.planner.round_fanouts(d, len(items), [len(it.spec) for it in items])
+            by_k: dict = {}
             for it in items:
-                core.active[it.seq].round.fanout = fanout or None
-            for run in runs(items):
-                d.send(wire.DraftRound(run, fanout))
+                by_k.setdefault(len(it.spec), []).append(it)
+            for k, group in by_k.items():
+                fanout = fanouts.get(k, [])
+                for it in group:
+                    core.active[it.seq].round.fanout = fanout or None
+                for run in runs(group):
+                    d.send(wire.DraftRound(run, fanout))
 
     def _send_jits(self) -> None:
         core = self.core

@@ -65,7 +65,8 @@ class DraftRoundItem:
 class DraftRound:
     items: list[DraftRoundItem]
     fanout: list[int] = field(default_factory=list)   # forks per position F_0..F_K for these rounds (empty: the
-                                                      # draft's own); the router's online fan-out (version 3)
+                                                      # draft's own); the router's online fan-out (version 3); a
+                                                      # round of k < K tokens reads F_0..F_{k-1} and F_K
 
 
 @_wire(accepted=ID, token=TOKEN, tokens=TOKENS, proposal=PROPOSAL)

@@ -327,6 +327,38 @@ def test_sequences_drafted_together_share_the_drafts_budget():
         core.shutdown("the test is over")
 
 
+def test_a_draft_round_of_speculations_of_two_lengths_gets_a_fanout_for_each():
+    """Two ssd sequences verified together, one at the pool's K = 3 and one pinned at K = 1: each DraftRound
+    carries the split over the outcomes its speculations can have (K = 1: the rejection of token 1 and the bonus
+    token after it; nothing for positions 2 and 3), both from the one budget of the draft's round."""
+    rig = make_sd_rig("ssd", adaptive=True, adaptive_fanout=True)
+    core = rig.core
+    try:
+        reqs = [core.submit(f"p{k}", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd", k=k) for k in (0, 1)]
+        core.take_new()
+        rig.take(wire.Prefill)
+        core.on_message(rig.target, wire.Prefilled([(r.seq, 9) for r in reqs], 0.01, []))
+        core.dispatch()
+        for jit in rig.take(wire.Jit):
+            core.on_message(rig.drafts[0], wire.JitResult(jit.batch_id, [(it.seq, [11, 12, 13][:it.room], None)
+                                                                         for it in jit.items], 0.005))
+        core.dispatch()
+        (verify,) = rig.take(wire.Verify)
+        assert sorted(len(it.tokens) for it in verify.items) == [1, 3]
+        rounds = {len(dr.items[0].spec): dr for dr in rig.take(wire.DraftRound)}
+        assert set(rounds) == {1, 3} and all(len(dr.items) == 1 for dr in rounds.values())
+        policy = core.planner._fanout[rig.drafts[0]]
+        assert policy._rounds == 1   # one draft round for the budget's window, though two messages
+        one, three = rounds[1].fanout, rounds[3].fanout
+        assert len(one) == len(three) == 4 and sum(one) == sum(three) == 4   # max(5 // 2, one fork a position)
+        assert one[1:3] == [0, 0] and one[0] > 0 and one[3] > 0
+        assert three == policy.fanout(2) and one == policy.fanout(2, k=1)
+        for r in reqs:
+            assert r.round.fanout == rounds[len(r.round.tokens)].fanout
+    finally:
+        core.shutdown("the test is over")
+
+
 def test_a_requests_time_splits_into_queue_prefill_and_decode_as_the_metrics_report():
     """Arrival -> admission (queue) -> first token (prefill) -> end (decode), on the core's clock; a request that
     never got in reports no queue time."""

@@ -157,6 +157,33 @@ def test_policy_splits_by_the_acceptance_it_measures_at_each_position():
         p.observe_outcome(3, 2)
 
 
+def test_policy_splits_over_the_outcomes_a_shorter_speculation_can_have():
+    """A round of k < K drafted tokens has k + 1 outcomes: the budget goes to those (laid out as the draft reads a
+    fan-out: F_0..F_{k-1}, then the bonus token's last), none to positions the round does not have."""
+    p = FanoutPolicy(5, 30)
+    rng = np.random.default_rng(2)
+    for _ in range(3000):
+        a = [0.6, 0.7, 0.7, 0.8, 0.8]
+        j = next((i for i in range(5) if rng.random() >= a[i]), 5)
+        p.observe_outcome(j, 5)
+    for j, forks, hit in [(0, 8, True), (1, 5, False), (5, 3, True), (5, 3, False), (2, 4, True)]:
+        p.observe_lookup(forks, hit, j)
+    r, acc, scale = p.exponent(), p.acceptance(), p.miss_scale()
+    assert p.fanout() == p.fanout(k=5) == outcome_fanout(30, outcome_probabilities(acc), r, scale)
+    three = p.fanout(k=3)
+    split = outcome_fanout(30, outcome_probabilities(acc[:3]), r, scale[:3] + [scale[5]])
+    assert three == split[:3] + [0, 0] + [split[3]] and sum(three) == 30
+    assert three[5] > p.fanout()[5]        # all of 3 accepted is likelier than all of 5: more forks for its bonus
+    assert p.fanout(k=0) == [0] * 5 + [30]   # no drafted token: the bonus token is the only outcome
+    before = p._rounds
+    both = p.fanouts(2, [1, 3])
+    assert p._rounds == before + 1 and p._asked % 15 == 0   # one draft round of two sequences, counted once
+    assert set(both) == {1, 3} and all(sum(f) == 15 and len(f) == 6 for f in both.values())
+    assert both[1][1:5] == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match="k must be in 0..5"):
+        p.fanout(k=6)
+
+
 def test_policy_fits_r_from_miss_rates_at_each_fork_count():
     p = FanoutPolicy(3, 12, min_lookups=10)
     assert p.exponent() == R_PRIOR   # the prior until enough lookups
