@@ -244,7 +244,7 @@ class SpeculationPlanner:
         it keeps the rate per batch size too); the outcome, late or not, and for an outcome its draft had candidates
         for (hit or no entry) how many it had, for its draft's fan-out policy."""
         if req.mode in self.adaptive:
-            self.adaptive[req.mode].observe_lookup(reason is LookupReason.HIT, batch)
+            self.adaptive[req.mode].observe_lookup(reason is LookupReason.HIT, batch, req.round.k)
         policy = self._fanout.get(req.draft) if req.draft is not None else None
         if policy is None:
             return

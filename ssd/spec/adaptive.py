@@ -44,11 +44,13 @@ Contract
   - ``observe_draft_step(batch, seconds)``: one draft step (a JIT batch's time / K): a line in the batch size.
   - ``observe_jit(roundtrip, compute)``: one JIT as the router saw it; what the round trip took beyond the
     draft's compute (the hop: ZeroMQ, the draft's queue) is kept as the median of the last 9.
-  - ``observe_lookup(hit, batch)``: whether a speculation-cache lookup hit (ssd mode), in a batch of ``batch``:
+  - ``observe_lookup(hit, batch, k)``: whether a speculation-cache lookup hit (ssd mode), in a batch of ``batch``:
     kept over all lookups and per batch-size bucket (the buckets below), which the model reads once its bucket
     has seen ``HIT_TRUSTED`` lookups. The draft's forks a round are shared by the sequences it speculates for,
     so the hit rate falls as the batch grows: 0.73 at batch 1, 0.35 at 16 in one run, where the rate over all
     lookups (mostly batch 1-4's) still said 0.6 and made K = 1 from the cache look faster than plain decoding.
+    ``observe_lookup(hit, batch, k)`` keeps it per K of the round looked up as well, at each bucket; the model reads
+    a K's own rate once trusted, and for a K not measured lately none above a shallower K's (``hit_at``).
   - ``observe_round_time(batch, k, seconds, cached)``: one sequence's round as it lived it (its previous outcome to
     this one) at K = k in a batch of ``batch``. Its ratio to the model's ``T(k)`` below, clamped to [0.5, 3], is kept
     per class (K = 0, K > 0 from the cache, K > 0 by JIT only) and batch-size bucket (1, 2-3, 4-7, 8-15, ...) as the
@@ -147,7 +149,8 @@ PLAIN, CACHED, JIT = 0, 1, 2   # classes of rounds: K = 0, K > 0 from the specul
 SOURCES = ("cache", "jit", "plain")   # where a round's draft tokens came from: a cache entry, a miss's JIT, a JIT
                                       # with no speculation behind it (sd, ssd by JIT only)
 KIND_NAMES = {PLAIN: "K=0", CACHED: "K>0 cached", JIT: "K>0"}
-HIT_TRUSTED = 50   # lookups a batch-size bucket needs before its own hit rate is used
+HIT_TRUSTED = 50   # lookups a batch-size bucket (or a K at one) needs before its own hit rate is used
+HIT_MAX_AGE = 2048   # decisions after which a K's hit rate not measured since is forgotten (`hit_at`)
 HOP_WINDOW = 9     # JITs whose round trips beyond the draft's compute the hop is the median of
 REALIZED_PRIOR = 16   # ratios of 1 a class's realized-time window starts with (they age out as rounds come)
 MEASURE_TRIES = 3     # measuring rounds asked for one verify shape (`choose`), again `backoff_relax` decisions later
@@ -337,6 +340,7 @@ class AdaptiveK:
         self.seen = {src: 0 for src in SOURCES}
         self.hit = 0.5 if mode == "ssd" else 0.0
         self.hit_by_bucket: dict[int, list[float]] = {}   # bucket -> [hit rate (EMA), lookups seen]
+        self.hit_by_k: dict[tuple[int, int], list] = {}   # (bucket, K) -> [hit rate, lookups, decision of the last]
         self.cached = mode == "ssd"   # ssd: the choice's rounds speculate into the cache (else JIT only)
         self.verify = verify if verify is not None else CostTable()
         self.explore_every = explore_every   # 0: never explore
@@ -394,19 +398,52 @@ class AdaptiveK:
             self._hops.append(max(0.0, roundtrip - max(0.0, compute)))
             self.hop = statistics.median(self._hops)
 
-    def observe_lookup(self, hit: bool, batch: int | None = None) -> None:
+    def observe_lookup(self, hit: bool, batch: int | None = None, k: int | None = None) -> None:
+        """`k`: the K of the round whose outcome was looked up (its rate is kept per K too: `hit_at`)."""
         d, x = self.decay, 1.0 if hit else 0.0
         self.hit = d * self.hit + (1 - d) * x
-        if batch is not None:   # the bucket's plain mean until it is trusted, then an EMA like the rate over all
-            h = self.hit_by_bucket.setdefault(self.bucket(batch), [0.0, 0])
-            rate, n = h
-            h[0] = d * rate + (1 - d) * x if n >= HIT_TRUSTED else (rate * n + x) / (n + 1)
-            h[1] = n + 1
+        if batch is None:
+            return
+        self._fold_hit(self.hit_by_bucket.setdefault(self.bucket(batch), [0.0, 0]), x)
+        if k is not None and k > 0:
+            h = self.hit_by_k.get((self.bucket(batch), k))
+            if h is None or self.decisions - h[2] > HIT_MAX_AGE:   # none, or forgotten: begins again
+                h = self.hit_by_k[(self.bucket(batch), k)] = [0.0, 0, self.decisions]
+            self._fold_hit(h, x)
+            h[2] = self.decisions
 
-    def hit_at(self, batch: int) -> float:
-        """The hit rate the model takes at `batch`: its bucket's once trusted, else over all lookups."""
-        h = self.hit_by_bucket.get(self.bucket(max(1, batch)))
-        return h[0] if h is not None and h[1] >= HIT_TRUSTED else self.hit
+    def _fold_hit(self, h: list, x: float) -> None:
+        """One lookup into a rate kept as [rate, lookups, ...]: their plain mean until trusted, then an EMA like the
+        rate over all lookups."""
+        rate, n = h[0], h[1]
+        h[0] = self.decay * rate + (1 - self.decay) * x if n >= HIT_TRUSTED else (rate * n + x) / (n + 1)
+        h[1] = n + 1
+
+    def hit_at(self, batch: int, k: int | None = None) -> float:
+        """The hit rate the model takes at `batch`: its bucket's once trusted, else over all lookups. With `k`, the
+        rate of rounds of that K at that bucket once trusted (and seen within `HIT_MAX_AGE` decisions); else that
+        rate, but none above a shallower K's trusted one: a deeper speculation has more outcomes to cover and a
+        longer chain to grow for each, so it hits no more often. With the draft's K at 5 on a 2-core host, rounds
+        of K = 3 hit 0.67-0.69 of the time and of K = 5 0.34 (117 of 349 lookups found the draft late); one rate for
+        all put K = 4 and 5 at K = 3's, the choice went there, and adaptive SSD read 17.1 tok/s against fixed K = 3's
+        20.1-20.5 (`bench/results/hit_by_k_k5_d00cf0c.jsonl`). Kept per K, the choice drafted a fourth token in
+        11-126 rounds of a run against 129-282, and read 0.88-1.11 of fixed K = 3 (mean 1.00) against 0.83-1.02
+        (mean 0.93), in interleaved stacks (`bench/results/hit_by_k_ab_k5.jsonl`)."""
+        b = self.bucket(max(1, batch))
+        h = self.hit_by_bucket.get(b)
+        base = h[0] if h is not None and h[1] >= HIT_TRUSTED else self.hit
+        if k is None:
+            return base
+        own = self._hit_k(b, k)
+        if own is not None:
+            return own
+        return min([base] + [r for kk in range(1, k) if (r := self._hit_k(b, kk)) is not None])
+
+    def _hit_k(self, bucket: int, k: int) -> float | None:
+        h = self.hit_by_k.get((bucket, k))
+        if h is None or h[1] < HIT_TRUSTED or self.decisions - h[2] > HIT_MAX_AGE:
+            return None
+        return h[0]
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -447,7 +484,7 @@ class AdaptiveK:
 
     def expected_tokens(self, k: int, cached: bool | None = None, batch: int = 1) -> float:
         if self.kind(k, cached) == CACHED:
-            hit = self.hit_at(batch)
+            hit = self.hit_at(batch, k)
             return (hit * self._expected(self._acceptance("cache"), k)
                     + (1.0 - hit) * self._expected(self._acceptance("jit"), k))
         return self._expected(self._acceptance("plain"), k)
@@ -480,7 +517,7 @@ class AdaptiveK:
         if kind == JIT:
             draft = self.hop + k * self.draft_step.predict(batch)
         elif kind == CACHED:
-            hit = self.hit_at(batch)
+            hit = self.hit_at(batch, k)
             draft = (1.0 - hit ** batch) * (self.hop + k * self.draft_step.predict(max(1.0, batch * (1.0 - hit))))
         return self.verify.predict(batch * (k + 1), batch) + draft
 
@@ -608,6 +645,8 @@ class AdaptiveK:
                 "acceptance": [round(a, 3) for a in self.acceptance],
                 "by_source": {src: [round(a, 3) for a in acc] for src, acc in self.by_source.items() if self.seen[src]},
                 "hit": round(self.hit, 3), "hit_at_batch": round(self.hit_at(batch), 3),
+                "hit_by_k": {k: round(h, 3) for k in range(1, self.k_max + 1)
+                             if (h := self._hit_k(self.bucket(max(1, batch)), k)) is not None},
                 "verify": self.verify.coefficients(),
                 "verify_table": {n: round(t, 4) for n, t in self.verify.table().items()},
                 "verify_at_batch": {n: round(t, 4) for n, t in self.verify.table(max(1, batch)).items()},

@@ -1,7 +1,7 @@
 """The adaptive K policy: acceptance bookkeeping, the Theorem 7 choice, turning speculation off and on."""
 import pytest
 
-from ssd.spec.adaptive import CACHED, HIT_TRUSTED, JIT, MEASURE_TRIES, PLAIN, AdaptiveK, CostTable
+from ssd.spec.adaptive import CACHED, HIT_MAX_AGE, HIT_TRUSTED, JIT, MEASURE_TRIES, PLAIN, AdaptiveK, CostTable
 from ssd.spec.backup import LinearEma
 
 
@@ -523,6 +523,44 @@ def test_the_hit_rate_is_kept_per_batch_size_and_read_there_once_trusted():
     fast.hit = a.hit_at(1)
     assert a.throughput(16, 1, True) < fast.throughput(16, 1, True)
     assert a.throughput(1, 3, True) == pytest.approx(fast.throughput(1, 3, True))
+
+
+def test_the_hit_rate_is_kept_per_k_and_a_deeper_k_reads_no_more_than_a_shallower_one():
+    """With the draft's K at 5, rounds of K = 3 hit 0.7 of the time and of K = 5 0.3 (its draft late): the model
+    reads each K's own rate once trusted, K = 4 (unmeasured) no more than K = 3's, K = 1 the bucket's. One rate for
+    all had K = 5 predicted fastest; with its own it is not chosen. A rate not measured for HIT_MAX_AGE decisions is
+    forgotten."""
+    a = AdaptiveK(5, "ssd", explore_every=0)
+    timings(a, verify_c0=0.08, verify_c1=0.0005, draft_step=0.006)
+    feed(a, [0.55, 0.6, 0.6, 0.55, 0.5], rounds=600, k=5)
+    for i in range(200):
+        a.observe_lookup(i % 10 < 7, 1, 3)
+    assert a.hit_at(1, 3) == pytest.approx(0.7, abs=0.02) and a.hit_at(1, 5) == a.hit_at(1)
+    single = {k: a.throughput(1, k, True) for k in range(1, 6)}
+    assert max(single, key=single.get) == 5 and a.choose(1) == 5   # one rate for all: the deepest K
+    for i in range(HIT_TRUSTED - 1):
+        a.observe_lookup(i % 10 < 3, 1, 5)
+    assert a.hit_at(1, 5) == a.hit_at(1)                            # 49 lookups at K = 5: not yet its own
+    for i in range(150):
+        a.observe_lookup(i % 10 < 3, 1, 5)
+    assert a.hit_at(1, 5) == pytest.approx(0.3, abs=0.05) and a.hit_at(1, 3) == pytest.approx(0.7, abs=0.02)
+    assert a.hit_at(1) < 0.6                                       # the bucket's rate follows the K = 5 rounds
+    assert a.hit_at(1, 4) == a.hit_at(1) and a.hit_at(1, 1) == a.hit_at(1)
+    for i in range(200):
+        a.observe_lookup(i % 10 < 9, 1, 2)
+    assert a.hit_at(1, 4) == a.hit_at(1, 3) < a.hit_at(1)          # the bucket's rate rose: no more than K = 3's
+    assert a.hit_at(16, 3) == a.hit_at(16)                         # another bucket: measured nothing per K
+    assert a.summary(1)["hit_by_k"] == {2: pytest.approx(0.9, abs=0.02), 3: pytest.approx(0.7, abs=0.02),
+                                        5: pytest.approx(0.3, abs=0.05)}
+    assert a.choose(1, current=5) == 4          # K = 4 unmeasured, read at K = 3's rate: tried next
+    for i in range(100):
+        a.observe_lookup(i % 10 < 3, 1, 4)
+    choice = a.choose(1, current=4)
+    assert choice in (2, 3) and a.cached        # measured as poor as K = 5: back to a K whose cache hits
+    a.decisions += HIT_MAX_AGE + 1
+    assert a.hit_at(1, 5) == a.hit_at(1) and a.summary(1)["hit_by_k"] == {}
+    a.observe_lookup(True, 1, 5)                                   # begins again, not yet trusted
+    assert a.hit_by_k[(0, 5)][:2] == [1.0, 1]
 
 
 def test_the_verify_cost_is_kept_per_shape_before_per_number_of_positions():
