@@ -49,8 +49,8 @@ Contract
     has seen ``HIT_TRUSTED`` lookups. The draft's forks a round are shared by the sequences it speculates for,
     so the hit rate falls as the batch grows: 0.73 at batch 1, 0.35 at 16 in one run, where the rate over all
     lookups (mostly batch 1-4's) still said 0.6 and made K = 1 from the cache look faster than plain decoding.
-    ``observe_lookup(hit, batch, k)`` keeps it per K of the round looked up as well, at each bucket; the model reads
-    a K's own rate once trusted, and for a K not measured lately none above a shallower K's (``hit_at``).
+    It is kept per K of the round looked up (``k``) as well, at each bucket; the model reads a K's own rate once
+    trusted, and for a K not measured lately none above a shallower K's (``hit_at``).
   - ``observe_round_time(batch, k, seconds, cached)``: one sequence's round as it lived it (its previous outcome to
     this one) at K = k in a batch of ``batch``. Its ratio to the model's ``T(k)`` below, clamped to [0.5, 3], is kept
     per class (K = 0, K > 0 from the cache, K > 0 by JIT only) and batch-size bucket (1, 2-3, 4-7, 8-15, ...) as the
