@@ -51,11 +51,8 @@ def run(target, draft, prompts, k: int, pin: int, layout: str, new_tokens: int) 
     submit, fanouts = core.submit, planner.round_fanouts
     asked, usable = [], []
 
-    def pinned_submit(*args, **kwargs):
-        kwargs["k"] = pin
-        if len(args) > 4:
-            args = args[:4]
-        return submit(*args, **kwargs)
+    def pinned_submit(rid, prompt, params, mode="", k=0, *rest, **kwargs):
+        return submit(rid, prompt, params, mode, pin, *rest, **kwargs)
 
     def laid_out(d, sequences=1, ks=None):
         ks = list(ks or [k])

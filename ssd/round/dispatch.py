@@ -48,10 +48,10 @@ class Dispatcher:
             t.send(wire.Verify(batch_id, items, any(core.features.wanted(r) for r in reqs)))
         for d, items in rounds.items():
             # one fan-out per length of the speculations being verified: a round of k tokens has k + 1 outcomes
-            fanouts = core.planner.round_fanouts(d, len(items), [len(it.spec) for it in items])
             by_k: dict = {}
             for it in items:
                 by_k.setdefault(len(it.spec), []).append(it)
+            fanouts = core.planner.round_fanouts(d, len(items), sorted(by_k))
             for k, group in by_k.items():
                 fanout = fanouts.get(k, [])
                 for it in group:

@@ -262,14 +262,14 @@ class SpeculationPlanner:
     # ---- fan-out ----------------------------------------------------------------------------------
     def round_fanouts(self, draft, sequences: int = 1, ks=None) -> dict[int, list[int]]:
         """The fan-out this round's DraftRound carries to `draft` for each of its `sequences`, per length `k` in `ks`
-        of the speculations being verified (None: the pool's K; a round of k drafted tokens has k + 1 outcomes:
+        (distinct) of the speculations being verified (None: the pool's K; a round of k drafted tokens has k + 1 outcomes:
         `FanoutPolicy.fanouts`); empty: the draft's own."""
         if not (self.adaptive_fanout and self.k and draft.ready is not None and draft.ready.fanout):
             return {}
         policy = self._fanout.get(draft)
         if policy is None:
             policy = self._fanout[draft] = FanoutPolicy(self.k, sum(draft.ready.fanout), first_window=FIRST_WINDOW)
-        fanouts = policy.fanouts(sequences, sorted(set(ks)) if ks is not None else (self.k,))
+        fanouts = policy.fanouts(sequences, ks if ks is not None else (self.k,))
         if fanouts != self._fanout_logged.get(draft):
             self._fanout_logged[draft] = fanouts
             log.debug("fan-out for draft %s: %s per sequence of %d, by the speculation's K (%d forks a round, at most "
