@@ -30,6 +30,7 @@ log = logging.getLogger("ssd.round")
 
 PROBE_SEQUENCES = 1   # sequences of a verify batch that run a probe round (the others stay at K = 0)
 HOLD_ROUNDS = 4       # verify round trips a smaller batch size must last before the choice is for it (`batch_size`)
+START_K = 3           # the adaptive choice's K before anything is measured, at most the pool's (`SpeculationPlanner`)
 
 
 class SpeculationPlanner:
@@ -52,9 +53,15 @@ class SpeculationPlanner:
             self.verify_cost = CostTable()
             self.adaptive = {m: AdaptiveK(k, m, probe_every, verify=self.verify_cost, draft_step=timings.draft_step)
                              for m in ("sd", "ssd")}
-            self.choice = {m: k for m in self.adaptive}
+            # The choice starts at the draft's default K, not the pool's deepest: nothing is measured yet, and a
+            # current K > 0 stays against another K > 0 whose verify size was not measured lately, so a start at
+            # K = 5 (`--k 5`) came down only as explore rounds measured K = 4 and then 3 and their hit rates: a few
+            # hundred rounds at batch 1 of a 2-core host, where rounds of K = 5 hit 0.34 of the time (the draft's
+            # round did not fit in the verify) against K = 3's 0.67-0.69. Explore rounds climb from here where
+            # deeper pays.
+            self.choice = {m: min(k, START_K) for m in self.adaptive}
             for m in self.adaptive:   # exported from the start, not only once the choice first changes
-                self.metrics.set_speculation_k(m, k)
+                self.metrics.set_speculation_k(m, self.choice[m])
         # per mode: rounds at K = 0 since a probe, rounds at K > 0 since an explore round (counted per verify
         # batch), and the last decision (the verify batch it was for, the K its sequences run next)
         self.since_probe: dict[str, int] = {m: 0 for m in self.adaptive}
