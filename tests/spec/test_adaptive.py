@@ -753,3 +753,39 @@ def test_a_batch_that_moves_to_another_size_starts_from_the_k_last_chosen_there(
     predicted[1] = 112.0
     assert a.choose(16, 0) == 1                              # 12% is enough: on
     assert a.choose(1, 1) == 1 and a.choose(16, 1) == 1      # and back from batch 1, on still
+
+
+def test_a_row_of_verify_costs_is_read_monotone_in_the_positions():
+    """More positions of the same sequences never cost less: a shape measured cheaper than one of fewer positions is
+    pooled with it (weighted by measurements), and a shape between two reads the fitted row."""
+    t = CostTable()
+    for n, sec, times in ((1, 0.0759, 3), (2, 0.0762, 3), (3, 0.0775, 3), (4, 0.0855, 3), (5, 0.0878, 3),
+                          (6, 0.0827, 3), (8, 0.095, 2)):
+        for _ in range(times):
+            t.observe(n, sec, seqs=1)
+    row = t.table(1)
+    assert list(row) == [1, 2, 3, 4, 5, 6, 8]
+    assert all(row[a] <= row[b] for a, b in zip(row, list(row)[1:]))
+    assert row[4] == row[5] == row[6] == pytest.approx((0.0855 + 0.0878 + 0.0827) / 3)
+    assert row[1] == pytest.approx(0.0759) and row[8] == pytest.approx(0.095)
+    assert t.predict(6, 1) == pytest.approx(row[6] + t.overhead)
+    assert t.predict(7, 1) == pytest.approx((row[6] + row[8]) / 2 + t.overhead)
+
+
+def test_noise_that_measured_a_deeper_verify_cheaper_does_not_choose_the_deeper_k():
+    """The router's state when it went from K = 3 to K = 5 at batch 1 (the draft's K at 5, 2026-12-07): 6 positions
+    measured at 0.0827 s against 0.0855 for 4, and K = 5 predicted 7% faster. Read monotone, K = 3 stays."""
+    a = AdaptiveK(5, "ssd")
+    for n, sec in ((1, 0.0759), (2, 0.0762), (3, 0.0775), (4, 0.0855), (5, 0.0878), (6, 0.0827)):
+        for _ in range(3):
+            a.observe_verify(n, sec, 0.0012, seqs=1)
+    for _ in range(20):
+        a.observe_draft_step(1, 0.0056)
+    a.by_source = {"cache": [0.515, 0.564, 0.661, 0.619, 0.6], "jit": [0.432, 0.612, 0.602, 0.605, 0.608],
+                   "plain": [0.492, 0.575, 0.601, 0.615, 0.6]}
+    a.seen = {src: 100 for src in a.seen}
+    a.hit, a.hit_by_bucket[0] = 0.711, [0.711, 500]
+    for k, rate in ((3, 0.712), (4, 0.58), (5, 0.663)):
+        a.hit_by_k[(0, k)] = [rate, 100, 0]
+    assert a.choose(1, current=3) == 3
+    assert a.throughput(1, 5) < 1.05 * a.throughput(1, 3)
