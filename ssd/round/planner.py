@@ -58,7 +58,9 @@ class SpeculationPlanner:
             # K = 5 (`--k 5`) came down only as explore rounds measured K = 4 and then 3 and their hit rates: a few
             # hundred rounds at batch 1 of a 2-core host, where rounds of K = 5 hit 0.34 of the time (the draft's
             # round did not fit in the verify) against K = 3's 0.67-0.69. Explore rounds climb from here where
-            # deeper pays.
+            # deeper pays. Alone this changed nothing measurable (`bench/results/adaptive_start_ab_k5.jsonl`): noise in
+            # the verify costs still took the choice to K = 4-5 in the first run; with them read monotone
+            # (`ssd.spec.adaptive.monotone`) it stayed at K = 3 (`adaptive_start_monotone_ab_k5.jsonl`).
             self.choice = {m: min(k, START_K) for m in self.adaptive}
             for m in self.adaptive:   # exported from the start, not only once the choice first changes
                 self.metrics.set_speculation_k(m, self.choice[m])
