@@ -53,14 +53,13 @@ class SpeculationPlanner:
             self.verify_cost = CostTable()
             self.adaptive = {m: AdaptiveK(k, m, probe_every, verify=self.verify_cost, draft_step=timings.draft_step)
                              for m in ("sd", "ssd")}
-            # The choice starts at the draft's default K, not the pool's deepest: nothing is measured yet, and a
-            # current K > 0 stays against another K > 0 whose verify size was not measured lately, so a start at
-            # K = 5 (`--k 5`) came down only as explore rounds measured K = 4 and then 3 and their hit rates: a few
-            # hundred rounds at batch 1 of a 2-core host, where rounds of K = 5 hit 0.34 of the time (the draft's
-            # round did not fit in the verify) against K = 3's 0.67-0.69. Explore rounds climb from here where
-            # deeper pays. Alone this changed nothing measurable (`bench/results/adaptive_start_ab_k5.jsonl`): noise in
-            # the verify costs still took the choice to K = 4-5 in the first run; with them read monotone
-            # (`ssd.spec.adaptive.monotone`) it stayed at K = 3 (`adaptive_start_monotone_ab_k5.jsonl`).
+            # The choice starts at the draft's default K, not the pool's deepest: nothing is measured yet, and a K > 0
+            # in use stays against another whose verify size was not measured lately, so a start at K = 5 (`--k 5`)
+            # came down only as explore rounds measured K = 4 and 3 (rounds of K = 5 hit 0.34 of the time at batch 1
+            # on a 2-core host, K = 3's 0.67-0.69). Explore rounds climb from here where deeper pays. Alone this
+            # changed nothing measurable (`bench/results/adaptive_start_ab_k5.jsonl`); with the verify costs read
+            # monotone (`ssd.spec.adaptive.monotone`) the choice stayed at K = 3
+            # (`bench/results/adaptive_start_monotone_ab_k5.jsonl`).
             self.choice = {m: min(k, START_K) for m in self.adaptive}
             for m in self.adaptive:   # exported from the start, not only once the choice first changes
                 self.metrics.set_speculation_k(m, self.choice[m])
@@ -271,8 +270,8 @@ class SpeculationPlanner:
     # ---- fan-out ----------------------------------------------------------------------------------
     def round_fanouts(self, draft, sequences: int = 1, ks=None) -> dict[int, list[int]]:
         """The fan-out this round's DraftRound carries to `draft` for each of its `sequences`, per length `k` in `ks`
-        (distinct) of the speculations being verified (None: the pool's K; a round of k drafted tokens has k + 1 outcomes:
-        `FanoutPolicy.fanouts`); empty: the draft's own."""
+        (distinct) of the speculations being verified (None: the pool's K; a round of k drafted tokens has k + 1
+        outcomes: `FanoutPolicy.fanouts`); empty: the draft's own."""
         if not (self.adaptive_fanout and self.k and draft.ready is not None and draft.ready.fanout):
             return {}
         policy = self._fanout.get(draft)

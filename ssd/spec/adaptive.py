@@ -245,15 +245,10 @@ class CostTable:
             self._index = (rows, shaped)
         return self._index
 
-    def _shape_cost(self, n: int, seqs: int) -> float | None:
-        """Seconds now (without the overhead) of the trusted shape (n, seqs) on its row's monotone fit, or None."""
-        row = self._shapes()[0].get(seqs, [])
-        i = bisect.bisect_left(row, (n, -1.0))
-        return row[i][1] if i < len(row) and row[i][0] == n else None
-
     def _row_between(self, n: float, seqs: int) -> float | None:
-        """Seconds now (without the overhead) of `n` positions of `seqs` sequences on the segment joining the trusted
-        shapes of `seqs` sequences nearest below and above `n`; None unless both exist."""
+        """Seconds now (without the overhead) of `n` positions of `seqs` sequences on its row's monotone fit: the
+        trusted shape itself, else the segment joining the trusted shapes nearest below and above `n`; None unless
+        one of those exists."""
         row = self._shapes()[0].get(seqs, [])
         i = bisect.bisect_left(row, (n, -1.0))   # row[i]: the first shape at or above n
         if i < len(row) and row[i][0] == n:
@@ -269,8 +264,6 @@ class CostTable:
         the line."""
         n_int = int(n)
         if seqs is not None:
-            if n_int == n and self._trusted((n_int, seqs)):
-                return self._shape_cost(n_int, seqs) + self.overhead
             row = self._row_between(n, seqs)
             if row is not None:
                 return row + self.overhead
