@@ -95,7 +95,7 @@ from ssd.prompts import PROMPTS_BY_KIND  # noqa: E402
 
 def main(label: str, batches=(8, 16), modes=("ssd", "sd", "ssd"), new_tokens: int = 96,
          draft_dtype: str = "", per_client: int = 0, k: int = 3, draft_flags: tuple[str, ...] = (),
-         router_debug: bool = False) -> None:
+         router_debug: bool = False, max_batch: int = 0) -> None:
     prompts_all = [p for _, p in PROMPTS_BY_KIND]
     # `ssd bench`'s pinning, spelled out here: the older checkout of an A/B has no shared helper to call
     flags = [*(["--dtype", draft_dtype] if draft_dtype else []), *draft_flags]
@@ -103,7 +103,7 @@ def main(label: str, batches=(8, 16), modes=("ssd", "sd", "ssd"), new_tokens: in
     if router_debug:
         extra["router"] = ["--log-level", "DEBUG"]
     log_dir = Path("bench/results/logs")
-    cfg = StackConfig(mode="ssd", drafts=1, k=k, max_batch=max(batches), target_cpus="0", draft_cpus="1",
+    cfg = StackConfig(mode="ssd", drafts=1, k=k, max_batch=max(max_batch, *batches), target_cpus="0", draft_cpus="1",
                       router_cpus="1", threads=1, log_dir=log_dir, extra=extra)
     with Stack(cfg) as stack, Client(stack.grpc_address, timeout=3600) as client:
         client.generate(prompts_all[0], chat=True, max_tokens=4, mode="ssd")   # warm-up
@@ -164,6 +164,8 @@ if __name__ == "__main__":
                     help="prompts per client (batch x this many a run, so finished clients start new requests and the "
                          "batch stays full until the last ones; default: max(8, batch) prompts)")
     ap.add_argument("--k", type=int, default=3, help="the stack's K (the router's most and the draft's own)")
+    ap.add_argument("--max-batch", type=int, default=0,
+                    help="the stack's largest batch (default: the largest of --batches; `ssd bench` uses 16)")
     ap.add_argument("--router-debug", action="store_true",
                     help="run the router at DEBUG and count each run's adaptive K changes for its mode (`switches`)")
     ap.add_argument("--draft-flag", action="append", default=[], dest="draft_flags",
@@ -171,4 +173,4 @@ if __name__ == "__main__":
                          "--draft-flag=0.1)")
     a = ap.parse_args()
     main(a.label, tuple(int(b) for b in a.batches.split(",")), tuple(a.modes.split(",")), a.new_tokens, a.draft_dtype,
-         a.per_client, a.k, tuple(a.draft_flags), a.router_debug)
+         a.per_client, a.k, tuple(a.draft_flags), a.router_debug, a.max_batch)

@@ -2,7 +2,7 @@
 mode's runs add up (no processes)."""
 import pytest
 
-from ssd.bench.stack import add_measures, markdown, mode_row, pass_plan, summary_row
+from ssd.bench.stack import add_measures, auto_passes, markdown, mode_row, orders, pass_plan, summary_row
 
 
 def run(tok_s, hit=0.4, tpr=1.7):
@@ -47,6 +47,33 @@ def test_passes_split_the_prompts_and_reverse_the_order_of_the_modes_on_every_ot
     plan = pass_plan(modes, prompts, 8, 2, 3)
     assert [ps for _, ps in plan] == [prompts[0:3], prompts[3:6], prompts[6:9]]
     assert [order for order, _ in plan] == [modes, modes[::-1], modes]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 9])
+def test_as_many_passes_as_modes_run_each_mode_once_at_every_place(n):
+    modes = [f"m{i}" for i in range(n)]
+    rows = orders(modes, n)
+    assert all(sorted(row) == modes for row in rows)                    # every mode in every pass
+    assert all(sorted(col) == modes for col in zip(*rows))              # and once at every place
+    if n % 2 == 0:   # Williams: each mode follows each other mode once
+        follows = [(a, b) for row in rows for a, b in zip(row, row[1:])]
+        assert len(set(follows)) == len(follows) == n * (n - 1)
+    assert orders(modes, 2 * n) == rows + rows
+    assert orders(modes, 3 if n != 3 else 4)[:2] == [modes, modes[::-1]]   # not a multiple: reversed in turn
+
+
+def test_the_default_takes_the_square_where_it_costs_at_most_a_quarter_more_prompts():
+    modes, prompts = ["ar", "sd3", "ssd3", "sd-auto", "ssd-auto"], [f"p{i}" for i in range(20)]
+    assert [auto_passes(5, 8, b) for b in (1, 2, 4, 8, 16)] == [5, 5, 2, 2, 2]
+    assert [auto_passes(5, 16, b) for b in (1, 2, 4, 8)] == [5, 5, 5, 2]
+    assert auto_passes(2, 8, 1) == 2 and auto_passes(9, 8, 1) == 9
+    plan = pass_plan(modes, prompts, 8, 1, 0)
+    assert [order for order, _ in plan] == orders(modes, 5)
+    assert [ps for _, ps in plan] == [prompts[i:i + 2] for i in range(0, 10, 2)]   # 10 runs a mode, not 8
+    places = {m: [order.index(m) for order, _ in plan] for m in modes}
+    assert all(sorted(p) == list(range(5)) for p in places.values())   # no mode mid-way in every pass
+    plan = pass_plan(modes, prompts, 8, 4, 0)
+    assert [order for order, _ in plan] == [modes, modes[::-1]] and [len(ps) for _, ps in plan] == [4, 4]
 
 
 def test_a_pass_fills_its_batch_wrapping_around_the_prompts_when_the_shares_would_not():

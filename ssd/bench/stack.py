@@ -6,14 +6,21 @@ b client streams run the prompts, each prompt once per mode; throughput = genera
 of a mode's runs at that batch size. The router's cumulative totals (GetServerInfo), diffed around each run, give
 acceptance, tokens per round, cache hit and late rates, and the round-time split.
 
-Passes (`passes`, default 2): at each batch size the prompts are split into that many shares, and each pass runs
-every mode on its share, in reverse order on every other pass (ar, sd, ssd, ... then ..., ssd, sd, ar). A mode's
-runs are minutes apart from another's, and this machine drifts by ~10% in that time: in one pass the last mode
-pays for a drift the first did not, in the reversed pass the first does, so a drift that is steady over the batch
-size's runs falls on all modes alike and the ratios keep it out. A share holds at least b prompts (it must fill the
-batch), so where the prompts do not split into shares of b, a pass runs b of them (wrapping around the list) and the
-batch size takes longer. Each pass's own ratios are kept beside the totals (`passes`), their spread is the noise
-left.
+Passes: at each batch size the prompts are split into shares, and each pass runs every mode on its share. A mode's
+runs are minutes apart from another's, and this machine drifts by ~10% in that time, so the order of the modes
+changes from pass to pass:
+- Two passes, the second in reverse order (ar, sd, ssd, ... then ..., ssd, sd, ar): a drift that is steady over the
+  batch size's runs falls on all modes alike. One that is not does not: the modes in the middle run back to back
+  mid-way, the first and the last at the two ends. In two runs of the twenty-fifth session the verifies at batch 1
+  were slower the nearer a mode ran to the middle, in that order for all five modes (`bench/results/ssd_avx2_s25*.json`).
+- As many passes as modes, the orders a Latin square (`orders`): every mode runs once at every place in the order,
+  so any drift over the batch size's runs, of whatever shape, falls on all modes alike.
+`passes` = 0 (the default) takes the square where its passes of at least b prompts each run no more than a quarter
+more prompts than the batch size's own (batches 1 and 2 of 8 prompts and 5 modes; up to 4 of 16), and two reversed
+passes elsewhere; another number takes that many passes, in a square where it is a multiple of the modes' number and
+alternately reversed otherwise. A share holds at least b prompts (it must fill the batch), so where the prompts do not
+split into shares of b, a pass runs b of them (wrapping around the list) and the batch size takes longer. Each pass's
+own ratios are kept beside the totals (`passes`), their spread is the noise left.
 
 The result records the host (`host_facts`): the CPU's model, its cores, whether it computes bfloat16 natively and the
 dtype each service loaded. The same commit ran SSD / SD 1.07 at batch 1 on an AVX-512 BF16 host (a bfloat16 draft,
@@ -112,17 +119,37 @@ def run_mode(client: Client, prompts: list[str], mode: str, batch: int, new_toke
     return mode_row(measure_mode(client, prompts, mode, batch, new_tokens, k))
 
 
+def orders(modes: list, passes: int) -> list[list]:
+    """The modes' order in each of `passes` passes. Where `passes` is a multiple of the number of modes n, the rows of
+    a Latin square in turn (Williams': 0, 1, n-1, 2, n-2, ... shifted by one a row), so each mode runs at each place
+    equally often and, for an even n, after each other mode once; elsewhere the modes as given, reversed on odd
+    passes."""
+    n = len(modes)
+    if n > 1 and passes % n == 0:
+        base = [0] + [((j + 1) // 2 if j % 2 else n - j // 2) for j in range(1, n)]
+        return [[modes[(x + p) % n] for x in base] for p in range(passes)]
+    return [list(modes) if p % 2 == 0 else list(reversed(modes)) for p in range(passes)]
+
+
+def auto_passes(n_modes: int, n_prompts: int, batch: int) -> int:
+    """The passes `passes` = 0 takes (module doc): as many as modes where their shares of at least `batch` prompts run at
+    most a quarter more prompts than max(`n_prompts`, `batch`), else 2."""
+    total = max(n_prompts, batch)
+    square = n_modes * max(batch, -(-total // n_modes))
+    return n_modes if n_modes > 2 and 4 * square <= 5 * total else 2
+
+
 def pass_plan(modes: list, prompts: list[str], n_prompts: int, batch: int, passes: int) -> list[tuple[list, list[str]]]:
     """The passes at one batch size: (modes in the order they run, the prompts each mode runs in it). The first
-    max(`n_prompts`, `batch`) prompts split into `passes` shares of at least `batch` each, taken in turn along
-    `prompts` (wrapping around it where the shares hold more than those); odd passes run the modes reversed."""
-    passes = max(1, passes)
+    max(`n_prompts`, `batch`) prompts split into `passes` shares of at least `batch` each (`passes` 0: `auto_passes`),
+    taken in turn along `prompts` (wrapping around it where the shares hold more than those); the order of the modes
+    in each pass is `orders`'."""
+    passes = passes if passes > 0 else auto_passes(len(modes), n_prompts, batch)
     total = max(n_prompts, batch)
     share = max(batch, -(-total // passes))
     plan, start = [], 0
-    for p in range(passes):
-        chosen = [prompts[(start + i) % len(prompts)] for i in range(share)]
-        plan.append((list(modes) if p % 2 == 0 else list(reversed(modes)), chosen))
+    for order in orders(modes, passes):
+        plan.append((order, [prompts[(start + i) % len(prompts)] for i in range(share)]))
         start += share
     return plan
 
@@ -173,7 +200,7 @@ def host_facts(dtype: str = "", device: str = "cpu") -> dict:
 
 
 def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: int = 3, models_dir=None,
-          draft_model=None, out: Path | None = None, log=print, ks=None, passes: int = 2) -> dict:
+          draft_model=None, out: Path | None = None, log=print, ks=None, passes: int = 0) -> dict:
     """`ks`: the fixed K values SD and SSD run at (default: just `k`); the stack's draft speculates up to the
     largest. Each batch size runs max(n_prompts, batch) prompts per mode, in `passes` passes (`pass_plan`)."""
     ks = tuple(sorted(set(ks or (k,))))
@@ -208,7 +235,7 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
                 f"late {r['late_rate']:.2f}, a {r['acceptance']:.2f}, overhead {r['overhead_fraction']:.3f})")
     result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "host": host,
               "new_tokens": new_tokens,
-              "prompts": n_prompts, "passes": max(1, passes), "k": max(ks), "ks": list(ks),
+              "prompts": n_prompts, "passes": passes if passes > 0 else "auto", "k": max(ks), "ks": list(ks),
               "draft": str(draft_model or "default"),
               "pinning": "target cpu 0, draft and router cpu 1, 1 torch thread each", "batch": rows}
     if out is not None:
