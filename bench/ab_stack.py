@@ -77,6 +77,11 @@ ssd-auto, ar, ssd-auto, sd-auto, ar at batches 8 and 4 (steady); `bench/results/
 sd-auto, ssd-auto, ar at batches 8 and 4, eight alternated stacks; `bench/results/batch_hold_1round_ab.jsonl`: a4155dc
 (the choice's batch size held for one round trip) against f65f53f, the same; `bench/results/batch_hold_ab.jsonl`:
 f4b20b5 (held for four) against f65f53f, the same.
+`--max-batch` sizes the stack for a larger batch than it runs (`ssd bench` sizes it for 16).
+`bench/results/max_batch_b1_aa.jsonl`: four stacks of 8098424's code at batch 1, sized for 16 and for 1 (labels mb16,
+mb1), each running ssd3, ssd-auto, sd3, sd-auto, ssd-auto, ssd3 with `--router-debug`;
+`bench/results/ssd3_repeat_b1.jsonl`: two stacks running ssd3 ten times in turn at batch 1 (`--per-client 4`), the
+shape of this machine's drift over a batch size's runs; both 2026-12-07.
 """
 from __future__ import annotations
 

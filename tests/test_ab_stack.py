@@ -22,3 +22,34 @@ def test_switches_count_the_runs_mode_from_where_the_run_began(tmp_path):
     assert ab._switches(log, 0, "ssd-auto") == 3     # from the start of the log: the earlier run's change too
     assert ab._switches(log, start, "ar") == 0
     assert ab._switches(log, start, "ssd1") == 0     # a pinned K does not adapt
+
+
+def test_max_batch_sizes_the_stack_for_more_than_the_batches_it_runs(monkeypatch):
+    ab = load("ab_stack")
+    made = []
+
+    class FakeStack:
+        grpc_address = "127.0.0.1:1"
+
+        def __init__(self, cfg):
+            made.append(cfg)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class FakeClient(FakeStack):
+        def __init__(self, address, timeout):
+            pass
+
+        def generate(self, *args, **kwargs):
+            return None
+
+    monkeypatch.setattr(ab, "Stack", FakeStack)
+    monkeypatch.setattr(ab, "Client", FakeClient)
+    ab.main("x", batches=(1,), modes=(), max_batch=16)
+    ab.main("x", batches=(1, 4), modes=())
+    ab.main("x", batches=(8,), modes=(), max_batch=4)
+    assert [cfg.max_batch for cfg in made] == [16, 4, 8]   # never smaller than a batch it runs

@@ -7,12 +7,12 @@ of a mode's runs at that batch size. The router's cumulative totals (GetServerIn
 acceptance, tokens per round, cache hit and late rates, and the round-time split.
 
 Passes: at each batch size the prompts are split into shares, and each pass runs every mode on its share. A mode's
-runs are minutes apart from another's, and this machine drifts by ~10% in that time, so the order of the modes
+runs are minutes apart from another's, and this machine drifts by 10-25% in that time, so the order of the modes
 changes from pass to pass:
 - Two passes, the second in reverse order (ar, sd, ssd, ... then ..., ssd, sd, ar): a drift that is steady over the
   batch size's runs falls on all modes alike. One that is not does not: the modes in the middle run back to back
   mid-way, the first and the last at the two ends. In two runs of the twenty-fifth session the verifies at batch 1
-  were slower the nearer a mode ran to the middle, in that order for all five modes (`bench/results/ssd_avx2_s25*.json`).
+  were slower the nearer a mode ran to the middle (`bench/results/ssd_avx2_s25*.json`, docs/benchmarks.md).
 - As many passes as modes, the orders a Latin square (`orders`): every mode runs once at every place in the order,
   so any drift over the batch size's runs, of whatever shape, falls on all modes alike.
 `passes` = 0 (the default) takes the square where its passes of at least b prompts each run no more than a quarter
