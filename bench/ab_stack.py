@@ -77,7 +77,8 @@ ssd-auto, ar, ssd-auto, sd-auto, ar at batches 8 and 4 (steady); `bench/results/
 sd-auto, ssd-auto, ar at batches 8 and 4, eight alternated stacks; `bench/results/batch_hold_1round_ab.jsonl`: a4155dc
 (the choice's batch size held for one round trip) against f65f53f, the same; `bench/results/batch_hold_ab.jsonl`:
 f4b20b5 (held for four) against f65f53f, the same.
-`--max-batch` sizes the stack for a larger batch than it runs (`ssd bench` sizes it for 16).
+`--max-batch` sizes the stack for a larger batch than it runs (`ssd bench` sizes it for its largest batch, 16 in
+the runs of docs/benchmarks.md).
 `bench/results/max_batch_b1_aa.jsonl`: four stacks of 8098424's code at batch 1, sized for 16 and for 1 (labels mb16,
 mb1), each running ssd3, ssd-auto, sd3, sd-auto, ssd-auto, ssd3 with `--router-debug`;
 `bench/results/ssd3_repeat_b1.jsonl`: two stacks running ssd3 ten times in turn at batch 1 (`--per-client 4`), the
@@ -170,7 +171,8 @@ if __name__ == "__main__":
                          "batch stays full until the last ones; default: max(8, batch) prompts)")
     ap.add_argument("--k", type=int, default=3, help="the stack's K (the router's most and the draft's own)")
     ap.add_argument("--max-batch", type=int, default=0,
-                    help="the stack's largest batch (default: the largest of --batches; `ssd bench` uses 16)")
+                    help="the stack's largest batch (default: the largest of --batches; `ssd bench` sizes its "
+                         "stack for its own largest batch)")
     ap.add_argument("--router-debug", action="store_true",
                     help="run the router at DEBUG and count each run's adaptive K changes for its mode (`switches`)")
     ap.add_argument("--draft-flag", action="append", default=[], dest="draft_flags",

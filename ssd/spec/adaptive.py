@@ -247,8 +247,8 @@ class CostTable:
 
     def _row_between(self, n: float, seqs: int) -> float | None:
         """Seconds now (without the overhead) of `n` positions of `seqs` sequences on its row's monotone fit: the
-        trusted shape itself, else the segment joining the trusted shapes nearest below and above `n`; None unless
-        one of those exists."""
+        trusted shape itself, else the segment joining the trusted shapes nearest below and above `n`; None where the
+        shape is not trusted and has no trusted shape on one side."""
         row = self._shapes()[0].get(seqs, [])
         i = bisect.bisect_left(row, (n, -1.0))   # row[i]: the first shape at or above n
         if i < len(row) and row[i][0] == n:
