@@ -6,7 +6,8 @@ from ssd.bench.stack import add_measures, auto_passes, markdown, mode_row, order
 
 
 def run(tok_s, hit=0.4, tpr=1.7):
-    return {"tok_s": tok_s, "tokens_per_round": tpr, "hit_rate": hit, "late_rate": 0.0, "acceptance": 0.45,
+    return {"tok_s": tok_s, "tokens_per_round": tpr, "hit_rate": hit, "served_rate": hit, "late_rate": 0.0,
+            "acceptance": 0.45,
             "bound_tok_s": 2 * tok_s, "overhead_fraction": 0.02}
 
 
@@ -101,8 +102,20 @@ def test_a_modes_runs_add_up_to_one_row_over_all_of_them_not_a_mean_of_their_rat
     assert both["hit_rate"] == 70 / 140 and both["tokens_per_round"] == 400 / 150
     assert both["verify_s_per_batch"] == 4.5 / 150 and both["cache"] == {"hit": 70, "no_entry": 70, "forced": 2}
     assert both["acceptance_per_position"] == [70 / 150, 2 / 6]
+    assert both["served_rate"] == both["hit_rate"] and both["waits"] == {}   # no late lookup waited
     assert add_measures(a, {"tokens": 0, "wall_s": 0.0, "totals": {k: (type(v)() if not isinstance(v, (int, float))
                                                                          else 0) for k, v in a["totals"].items()}}) == a
+
+
+def test_rounds_run_from_the_cache_count_the_late_lookups_whose_wait_found_their_entry():
+    m = measure(100, 2.0, 50, 30, 10, 1.5, 50)
+    m["totals"]["cache"]["late"] = 10
+    m["totals"]["waits"] = {"hit": 7, "no_entry": 2, "failed": 1}
+    row = mode_row(m)
+    assert row["hit_rate"] == 30 / 50 and row["late_rate"] == 10 / 50 and row["served_rate"] == 37 / 50
+    assert "| 0.60 (0.74) |" in markdown({"k": 3, "batch": {"1": summary_row(
+        {"ar": run(20.0), "sd3": run(30.0), "ssd3": {**run(25.0, hit=0.6), "served_rate": 0.74},
+         "ssd-auto": run(28.0)})}})
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -27,7 +27,10 @@ fraction of all lookups over 5 minutes (for dashboards and the HPA):
     sum(rate(ssd_cache_lookups_total{result="late"}[5m]))
       / clamp_min(sum(rate(ssd_cache_lookups_total[5m])), 1e-9)
 
-Cache hit rate is the same expression with `result="hit"`; acceptance at position i is
+Cache hit rate is the same expression with `result="hit"`. A late lookup waits for the draft's entries where its
+backup would be a JIT (`ssd.round.core.RoundCore.next`); `ssd_cache_waits_total{result}` counts how those waits
+ended (hit: the round ran from the cache after all), so the rounds run from the cache are
+`result="hit"` lookups plus `result="hit"` waits; acceptance at position i is
 `rate(ssd_spec_accepted_tokens_total{position="i"}[5m]) / rate(ssd_spec_draft_tokens_total{position="i"}[5m])`.
 """
 from __future__ import annotations
@@ -39,6 +42,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 OUTCOMES = ("stop", "eos", "length", "stop_string", "abort", "time_limit", "error")
 LOOKUP_RESULTS = ("hit", "no_entry", "late", "stale", "forced")
+WAIT_RESULTS = ("hit", "no_entry", "failed")
 BACKUP_KINDS = ("jit", "ngram", "none")
 
 # Step latencies: sub-millisecond loopback hops up to a 30 s long-prompt prefill.
@@ -131,6 +135,10 @@ class RouterMetrics(RoundMetrics):
             "ssd_cache_lookups_total",
             "Speculation cache lookups after a round, by result (hit, no_entry, late, stale, forced).",
             ["result"], registry=r)
+        self.cache_waits = Counter(
+            "ssd_cache_waits_total",
+            "Late speculation cache lookups that waited for the draft's entries, by how the wait ended (hit, "
+            "no_entry, failed).", ["result"], registry=r)
         self.backups = Counter(
             "ssd_backups_total", "Backup speculations used on a cache miss, by kind (jit, ngram, none).",
             ["kind"], registry=r)
@@ -171,6 +179,8 @@ class RouterMetrics(RoundMetrics):
                 self.requests.labels(self.model, mode, outcome)
         for result in LOOKUP_RESULTS:
             self.cache_lookups.labels(result)
+        for result in WAIT_RESULTS:
+            self.cache_waits.labels(result)
         for kind in BACKUP_KINDS:
             self.backups.labels(kind)
         self._positions = 0  # positions 1.._positions have their series created
@@ -238,6 +248,9 @@ class RouterMetrics(RoundMetrics):
 
     def cache_lookup(self, result: str) -> None:
         self.cache_lookups.labels(_label(result, LOOKUP_RESULTS, "cache lookup result")).inc()
+
+    def cache_wait(self, result: str) -> None:
+        self.cache_waits.labels(_label(result, WAIT_RESULTS, "cache wait result")).inc()
 
     def backup_used(self, kind: str) -> None:
         self.backups.labels(_label(kind, BACKUP_KINDS, "backup kind")).inc()

@@ -220,6 +220,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         st, t = core.stats, core.times
         totals = pb.RouterTotals(rounds=st.rounds, round_tokens=st.tokens, accepted=st.accepted, offered=st.offered,
                                  reached=st.reached, cache=dict(st.cache), backups=dict(st.backups),
+                                 waits=dict(st.waits),
                                  verify_batches=t.verify_batches, target_verify_s=t.target_verify_s,
                                  verify_roundtrip_s=t.verify_roundtrip_s, draft_rounds=t.draft_rounds,
                                  draft_round_s=t.draft_round_s, jit_batches=t.jit_batches, jit_s=t.jit_s)

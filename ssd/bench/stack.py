@@ -44,6 +44,7 @@ def _totals(client: Client) -> dict:
     t = client.server_info().totals
     return {"rounds": t.rounds, "round_tokens": t.round_tokens, "accepted": list(t.accepted),
             "offered": list(t.offered), "reached": t.reached, "cache": dict(t.cache), "backups": dict(t.backups),
+            "waits": dict(t.waits),
             "verify_batches": t.verify_batches, "target_verify_s": t.target_verify_s,
             "verify_roundtrip_s": t.verify_roundtrip_s, "draft_rounds": t.draft_rounds,
             "draft_round_s": t.draft_round_s, "jit_batches": t.jit_batches, "jit_s": t.jit_s}
@@ -101,7 +102,9 @@ def mode_row(m: dict) -> dict:
            "acceptance_per_position": [a / o if o else 0.0 for a, o in zip(d["accepted"], d["offered"])],
            "hit_rate": d["cache"].get("hit", 0) / looked if looked else 0.0,
            "late_rate": d["cache"].get("late", 0) / looked if looked else 0.0,
-           "backups": d["backups"], "cache": d["cache"]}
+           # rounds run from the cache, at once or after a late lookup waited for the draft's entries
+           "served_rate": (d["cache"].get("hit", 0) + d.get("waits", {}).get("hit", 0)) / looked if looked else 0.0,
+           "backups": d["backups"], "cache": d["cache"], "waits": d.get("waits", {})}
     nb = max(1, d["verify_batches"])
     row["verify_s_per_batch"] = d["target_verify_s"] / nb
     row["router_hop_s_per_batch"] = (d["verify_roundtrip_s"] - d["target_verify_s"]) / nb
@@ -170,7 +173,7 @@ def summary_row(per: dict) -> dict:
             "auto_over_best_fixed": auto / best_fixed, "auto_over_ar": auto / ar, "auto_over_sd": auto / tok[best_sd],
             "auto_tokens_per_round": per["ssd-auto"]["tokens_per_round"], "ssd_over_sd": tok[best_ssd] / tok[best_sd],
             "ssd_over_ar": tok[best_ssd] / ar, "sd_over_ar": tok[best_sd] / ar, "hit_rate": s["hit_rate"],
-            "late_rate": s["late_rate"], "acceptance": s["acceptance"], "tokens_per_round": s["tokens_per_round"],
+            "served_rate": s["served_rate"], "late_rate": s["late_rate"], "acceptance": s["acceptance"], "tokens_per_round": s["tokens_per_round"],
             "bound_fraction": tok[best_ssd] / s["bound_tok_s"] if s["bound_tok_s"] else 0.0,
             "overhead_fraction": s["overhead_fraction"], "modes": per}
 
@@ -232,7 +235,7 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
                 f" tok/s (adaptive/best other {r['auto_over_best_fixed']:.2f}, by pass "
                 f"{_by_pass(by_pass)}; adaptive/AR {r['auto_over_ar']:.2f}, "
                 f"adaptive/best SD {r['auto_over_sd']:.2f}; ssd{r['ssd_k']}: hit {r['hit_rate']:.2f}, "
-                f"late {r['late_rate']:.2f}, a {r['acceptance']:.2f}, overhead {r['overhead_fraction']:.3f})")
+                f"from the cache {r['served_rate']:.2f}, late {r['late_rate']:.2f}, a {r['acceptance']:.2f}, overhead {r['overhead_fraction']:.3f})")
     result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "host": host,
               "new_tokens": new_tokens,
               "prompts": n_prompts, "passes": passes if passes > 0 else "auto", "k": max(ks), "ks": list(ks),
@@ -250,7 +253,8 @@ def _by_pass(passes: list[dict]) -> str:
 
 def markdown(result: dict) -> str:
     lines = ["| batch | AR tok/s | best SD tok/s (K) | best SSD tok/s (K) | SSD adaptive tok/s | "
-             "adaptive / best other | adaptive / AR | adaptive / best SD | a | tokens/round | hit | late | overhead | "
+             "adaptive / best other | adaptive / AR | adaptive / best SD | a | tokens/round | hit (from the cache) | late | "
+             "overhead | "
              "adaptive / best other, by pass |",
              "|" + "---|" * 14]
     for b, r in result["batch"].items():
@@ -258,7 +262,8 @@ def markdown(result: dict) -> str:
         lines.append(f"| {b} | {r['ar_tok_s']:.1f} | {r['sd_tok_s']:.1f} ({sd_k}) | {r['ssd_tok_s']:.1f} ({ssd_k}) | "
                      f"{r['ssd_auto_tok_s']:.1f} | {r['auto_over_best_fixed']:.2f} | "
                      f"{r['ssd_auto_tok_s'] / r['ar_tok_s']:.2f} | {r['ssd_auto_tok_s'] / r['sd_tok_s']:.2f} | "
-                     f"{r['acceptance']:.2f} | {r['tokens_per_round']:.2f} | {r['hit_rate']:.2f} | "
+                     f"{r['acceptance']:.2f} | {r['tokens_per_round']:.2f} | {r['hit_rate']:.2f}"
+                     f"{' (%.2f)' % r['served_rate'] if 'served_rate' in r else ''} | "
                      f"{r['late_rate']:.2f} | {r['overhead_fraction']:.3f} | "
                      f"{_by_pass(r.get('passes', [])) or '-'} |")
     return "\n".join(lines)

@@ -13,6 +13,8 @@ class SpecStats:
     reached: int = 0                 # drafted tokens that were examined (up to and including the first reject)
     cache: dict[str, int] = field(default_factory=dict)    # lookups by reason: hit, no_entry, late, stale, forced
     backups: dict[str, int] = field(default_factory=dict)  # backups used: jit, ngram, none
+    waits: dict[str, int] = field(default_factory=dict)    # late lookups that waited for the draft's entries, by
+                                                           # how the wait ended: hit, no_entry, failed
 
     def record_round(self, proposed: int, accepted: int, committed: int) -> None:
         self.rounds += 1
@@ -40,7 +42,7 @@ class SpecStats:
                 self.accepted.append(0)
             self.offered[i] += other.offered[i]
             self.accepted[i] += other.accepted[i]
-        for table in ("cache", "backups"):
+        for table in ("cache", "backups", "waits"):
             mine = getattr(self, table)
             for k, v in getattr(other, table).items():
                 mine[k] = mine.get(k, 0) + v
@@ -63,8 +65,16 @@ class SpecStats:
         looked = sum(v for k, v in self.cache.items() if k != "forced")
         return self.cache.get("hit", 0) / looked if looked else 0.0
 
+    @property
+    def served_rate(self) -> float:
+        """Lookups whose round ran from the cache, at once or after waiting for the draft's entries (`waits`)."""
+        looked = sum(v for k, v in self.cache.items() if k != "forced")
+        return (self.cache.get("hit", 0) + self.waits.get("hit", 0)) / looked if looked else 0.0
+
     def as_dict(self) -> dict:
         return {"rounds": self.rounds, "tokens": self.tokens, "tokens_per_round": round(self.tokens_per_round, 4),
                 "acceptance_rate": round(self.acceptance_rate, 4),
                 "acceptance_per_position": [round(x, 4) for x in self.acceptance_per_position],
-                "cache": dict(self.cache), "hit_rate": round(self.hit_rate, 4), "backups": dict(self.backups)}
+                "cache": dict(self.cache), "hit_rate": round(self.hit_rate, 4),
+                "served_rate": round(self.served_rate, 4), "backups": dict(self.backups),
+                "waits": dict(self.waits)}

@@ -262,7 +262,7 @@ class ServerInfo(_message.Message):
     def __init__(self, active_requests: _Optional[int] = ..., queued_requests: _Optional[int] = ..., targets: _Optional[_Iterable[str]] = ..., drafts: _Optional[_Iterable[str]] = ..., finished_requests: _Optional[int] = ..., totals: _Optional[_Union[RouterTotals, _Mapping]] = ...) -> None: ...
 
 class RouterTotals(_message.Message):
-    __slots__ = ("rounds", "round_tokens", "accepted", "offered", "reached", "cache", "backups", "verify_batches", "target_verify_s", "verify_roundtrip_s", "draft_rounds", "draft_round_s", "jit_batches", "jit_s")
+    __slots__ = ("rounds", "round_tokens", "accepted", "offered", "reached", "cache", "backups", "verify_batches", "target_verify_s", "verify_roundtrip_s", "draft_rounds", "draft_round_s", "jit_batches", "jit_s", "waits")
     class CacheEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +271,13 @@ class RouterTotals(_message.Message):
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     class BackupsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class WaitsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -291,6 +298,7 @@ class RouterTotals(_message.Message):
     DRAFT_ROUND_S_FIELD_NUMBER: _ClassVar[int]
     JIT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     JIT_S_FIELD_NUMBER: _ClassVar[int]
+    WAITS_FIELD_NUMBER: _ClassVar[int]
     rounds: int
     round_tokens: int
     accepted: _containers.RepeatedScalarFieldContainer[int]
@@ -305,4 +313,5 @@ class RouterTotals(_message.Message):
     draft_round_s: float
     jit_batches: int
     jit_s: float
-    def __init__(self, rounds: _Optional[int] = ..., round_tokens: _Optional[int] = ..., accepted: _Optional[_Iterable[int]] = ..., offered: _Optional[_Iterable[int]] = ..., reached: _Optional[int] = ..., cache: _Optional[_Mapping[str, int]] = ..., backups: _Optional[_Mapping[str, int]] = ..., verify_batches: _Optional[int] = ..., target_verify_s: _Optional[float] = ..., verify_roundtrip_s: _Optional[float] = ..., draft_rounds: _Optional[int] = ..., draft_round_s: _Optional[float] = ..., jit_batches: _Optional[int] = ..., jit_s: _Optional[float] = ...) -> None: ...
+    waits: _containers.ScalarMap[str, int]
+    def __init__(self, rounds: _Optional[int] = ..., round_tokens: _Optional[int] = ..., accepted: _Optional[_Iterable[int]] = ..., offered: _Optional[_Iterable[int]] = ..., reached: _Optional[int] = ..., cache: _Optional[_Mapping[str, int]] = ..., backups: _Optional[_Mapping[str, int]] = ..., verify_batches: _Optional[int] = ..., target_verify_s: _Optional[float] = ..., verify_roundtrip_s: _Optional[float] = ..., draft_rounds: _Optional[int] = ..., draft_round_s: _Optional[float] = ..., jit_batches: _Optional[int] = ..., jit_s: _Optional[float] = ..., waits: _Optional[_Mapping[str, int]] = ...) -> None: ...

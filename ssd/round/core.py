@@ -259,27 +259,61 @@ class RoundCore:
         req.draft_fresh = True
 
     def next(self, req: Request, j: int, t: int) -> None:
-        """After an outcome (j, t*): the next speculation from the cache, or a backup (none when K is 0)."""
+        """After an outcome (j, t*): the next speculation from the cache, or a backup (none when K is 0).
+
+        An outcome that finds the draft late (nothing published for this round yet, though a DraftRound went out)
+        waits for its entries (Phase.AWAIT, `cfg.await_late`) where the backup would be a JIT: the draft runs one
+        message at a time, so that JIT would start only once the round in progress was done, and the entries it
+        publishes then hold the outcome about three times in four. The lookup counts as late (`stats.cache`, the
+        lookups metric: the draft pool's lag, which the draft HPA scales on); how its wait ended counts when the
+        entries come (`resolve_wait`: `stats.waits`)."""
         rnd = req.round
         rnd.k = self.planner.plan_k(req)
         if req.mode == "ssd":
             entry, reason = self.cache.lookup(req.seq, rnd.number, j, t)
             self.cache.advance(req.seq, rnd.number + 1)
+            wait = reason is LookupReason.LATE and rnd.drafted and rnd.k > 0 and self.cfg.await_late and \
+                req.draft is not None and req.draft.alive and self._backup_kind(req) is BackupPolicy.JIT
             if rnd.drafted or reason is LookupReason.FORCED:
                 # a round the draft was not asked to speculate for (K = 0 chosen) missed nothing: not counted
                 req.stats.count("cache", reason.value)
             if rnd.drafted:   # only a round the draft was asked to speculate for says anything about the drafts
                 self.metrics.cache_lookup(reason.value)
+                if wait:
+                    rnd.awaiting, req.phase = (j, t), Phase.AWAIT
+                    return
                 self.planner.observe_lookup(req, j, reason, len(self.active))
             if rnd.k == 0:
                 self.backup(req, BackupPolicy.NONE)
                 return
             if reason is LookupReason.HIT:
-                room = self.room(req)
-                rnd.tokens, rnd.source, req.phase = entry.tokens[:room], "cache", Phase.READY
-                rnd.proposal = entry.proposal[:room] if req.params.needs_proposal else None
+                self._from_entry(req, entry)
                 return
-        self.backup(req, choose_backup(self.policy(req), max(1, len(self.active)), self.timings))
+        self.backup(req, self._backup_kind(req))
+
+    def resolve_wait(self, req: Request, entry: wire.CacheEntry | None, failed: BackupPolicy | None = None) -> None:
+        """End a sequence's wait for the draft's entries (Phase.AWAIT): `entry` (the one for its outcome; None when
+        they held none) runs its round from the cache, else it takes a backup: `failed` where the entries will not
+        come (the draft died or erred)."""
+        rnd = req.round
+        (j, _), rnd.awaiting = rnd.awaiting, None
+        result = "hit" if entry is not None else "failed" if failed else "no_entry"
+        req.stats.count("waits", result)
+        self.metrics.cache_wait(result)
+        reason = LookupReason.HIT if entry is not None else LookupReason.LATE if failed else LookupReason.NO_ENTRY
+        self.planner.observe_lookup(req, j, reason, len(self.active), late=True)
+        if entry is not None:
+            self._from_entry(req, entry)
+        else:
+            self.backup(req, failed or self._backup_kind(req))
+
+    def _from_entry(self, req: Request, entry: wire.CacheEntry) -> None:
+        rnd, room = req.round, self.room(req)
+        rnd.tokens, rnd.source, req.phase = entry.tokens[:room], "cache", Phase.READY
+        rnd.proposal = entry.proposal[:room] if req.params.needs_proposal else None
+
+    def _backup_kind(self, req: Request) -> BackupPolicy:
+        return choose_backup(self.policy(req), max(1, len(self.active)), self.timings)
 
     def policy(self, req: Request) -> BackupPolicy:
         return {"ar": BackupPolicy.NONE, "sd": BackupPolicy.JIT}.get(req.mode, self.backup_policy)

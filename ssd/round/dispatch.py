@@ -21,7 +21,7 @@ class Dispatcher:
             self._send_jits()
         ready = [r for r in core.active.values() if r.phase is Phase.READY and not core.batches.busy(r.target)]
         if ready and core.cfg.jit_linger > 0:
-            jit_targets = {r.target for r in core.active.values() if r.phase is Phase.JIT}
+            jit_targets = {r.target for r in core.active.values() if r.phase in (Phase.JIT, Phase.AWAIT)}
             waiting = {t for t in {r.target for r in ready} if t in jit_targets and core.batches.linger(t)}
             ready = [r for r in ready if r.target not in waiting]
         if not ready:

@@ -247,10 +247,11 @@ class SpeculationPlanner:
         if policy is not None:
             policy.observe_draft(compute)
 
-    def observe_lookup(self, req, j: int, reason: LookupReason, batch: int | None = None) -> None:
+    def observe_lookup(self, req, j: int, reason: LookupReason, batch: int | None = None, late: bool = False) -> None:
         """A drafted round's cache lookup: hit or not for the adaptive policy (with `batch`, the sequences running:
         it keeps the rate per batch size too); the outcome, late or not, and for an outcome its draft had candidates
-        for (hit or no entry) how many it had, for its draft's fan-out policy."""
+        for (hit or no entry) how many it had, for its draft's fan-out policy. `late`: the lookup waited for the
+        draft's entries (`RoundCore.resolve_wait`), so the fan-out policy counts it late whatever it found."""
         if req.mode in self.adaptive:
             self.adaptive[req.mode].observe_lookup(reason is LookupReason.HIT, batch, req.round.k)
         policy = self._fanout.get(req.draft) if req.draft is not None else None
@@ -259,7 +260,7 @@ class SpeculationPlanner:
         policy.observe_outcome(j, len(req.round.tokens))
         if reason in (LookupReason.STALE, LookupReason.FORCED):
             return
-        policy.observe_late(reason is LookupReason.LATE)
+        policy.observe_late(late or reason is LookupReason.LATE)
         if reason in (LookupReason.HIT, LookupReason.NO_ENTRY) and req.round.fanout:
             fan = req.round.fanout[:len(req.round.tokens)] + [req.round.fanout[-1]]
             if j < len(fan) and fan[j] > 0:

@@ -227,10 +227,17 @@ class Replies:
             log.debug("draft %s: cache entries for seq %d, which is not its sequence (now): ignored",
                       worker.address, msg.seq)
             return
+        awaited = req.phase is Phase.AWAIT and msg.round == req.round.number   # its outcome waits for these
         problem = next(filter(None, (entry_problem(req, e, core.k, core.vocab_size) for e in msg.entries)), None)
         if problem:   # the sequence misses this round and takes a backup: the target decides every token anyway
             log.warning("draft %s: cache entries for seq %d round %d rejected: %s", worker.address, msg.seq,
                         msg.round, problem)
+            if awaited:
+                core.resolve_wait(req, None)
+            return
+        if awaited:   # the cache moved on to the next round at the lookup: the entry is taken from here
+            j, t = req.round.awaiting
+            core.resolve_wait(req, next((e for e in reversed(msg.entries) if (e.accepted, e.token) == (j, t)), None))
             return
         core.cache.publish(msg.seq, msg.round, msg.entries)
 
@@ -292,8 +299,13 @@ class Replies:
                     self._rebuild_on_draft(r)
         else:
             log.warning("draft error %s: %s (seq %s)", msg.code, msg.message, msg.seq)
+            if req is not None and req.phase is Phase.AWAIT and req.draft is worker:
+                # the draft may have dropped the round it waits for (a delta it refused): a JIT instead
+                core.resolve_wait(req, None, BackupPolicy.JIT)
 
     def _rebuild_on_draft(self, req) -> None:
         self.core.add_to_draft(req)
         if req.phase is Phase.JIT:
             self.core.backup(req, BackupPolicy.NGRAM)
+        elif req.phase is Phase.AWAIT:   # the round it waits for will not come
+            self.core.resolve_wait(req, None, BackupPolicy.NGRAM)

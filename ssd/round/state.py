@@ -15,6 +15,7 @@ class Phase(Enum):
     PREFILL = "prefill"   # waiting for the target's first token
     RESTORE = "restore"   # its target died: another one is rebuilding its KV from the committed tokens
     JIT = "jit"           # waiting for a JIT backup from the draft
+    AWAIT = "await"       # ssd: its outcome came before the draft's entries for it, which it waits for
     READY = "ready"       # speculation ready, verify not sent yet
     VERIFY = "verify"     # waiting for the target's outcome
 
@@ -33,6 +34,7 @@ class RoundState:
     mixed: bool = False            # its verify batch ran more than one K (a probe by part of the batch)
     cached: bool = False           # ssd: the round's class speculates into the cache (else JIT only, as sd)
     jit_batch: int = 0             # the JIT batch that asked for this round's tokens: only its answer counts
+    awaiting: tuple[int, int] | None = None   # AWAIT: the outcome (j, t*) whose entry the draft still owes
 
 
 @dataclass(slots=True, eq=False)
@@ -84,6 +86,7 @@ class CoreConfig:
     verify_hold: float = 5.0       # a batch out longer than this no longer holds the next one back
     jit_linger: float = 0.05       # at most this long a free target waits for its sequences' JITs to land
     adaptive_fanout: bool = True   # each DraftRound carries a fan-out from ssd.spec.fanout.FanoutPolicy
+    await_late: bool = True        # ssd: an outcome that finds the draft late waits for its entries (see RoundCore.next)
 
     def __post_init__(self):
         if self.mode not in MODES:

@@ -93,6 +93,8 @@ class Membership:
             core.pool.assign(req, "draft", None)   # survivors rebuild draft KV from committed tokens
             if req.phase is Phase.JIT:
                 core.backup(req, BackupPolicy.NGRAM)
+            elif req.phase is Phase.AWAIT:
+                core.resolve_wait(req, None, BackupPolicy.NGRAM)
             if req.phase is not Phase.PREFILL:
                 core.add_to_draft(req)
 

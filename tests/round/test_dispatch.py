@@ -753,7 +753,10 @@ def test_a_draft_round_asks_for_chains_as_long_as_the_next_rounds_k():
             core.dispatch()
             (verify,), (draft_round,) = rig.take(wire.Verify), rig.take(wire.DraftRound)
             depths.append(draft_round.items[0].depth)
-            answer(rig, verify)              # no entries came: a miss, whose JIT drafts the next round's K
+            answer(rig, verify)              # the draft is late: the outcome waits for its entries
+            assert req.phase is Phase.AWAIT and not rig.take(wire.Jit)
+            # which hold nothing for it: a miss, whose JIT drafts the next round's K
+            core.on_message(rig.drafts[0], wire.CacheEntries(req.seq, req.round.number, [], 0.01))
             core.dispatch()
             (jit,) = rig.take(wire.Jit)
             ks.append(jit.items[0].room)

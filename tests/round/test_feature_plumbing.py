@@ -165,6 +165,7 @@ def test_core_sends_each_block_once_with_the_next_draft_message(rig, caplog):
     core.on_message(rig.target, wire.Outcomes(verify.batch_id, [wire.Outcome(req.seq, 1, 4)], 0.1,
                                               [(req.seq, 3, b"v" * 2 * row)]))
     assert core.features.block(req.seq) == (3, b"v" * 2 * row)
+    core.on_message(fd, wire.CacheEntries(req.seq, req.round.number, [], 0.01))   # late, and no entry for it
     core.dispatch()
     jit_or_round = rig.take(wire.Jit) + rig.take(wire.DraftRound)
     assert [m.items[0].features for m in jit_or_round] == [(3, b"v" * 2 * row)]

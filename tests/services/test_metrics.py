@@ -43,6 +43,7 @@ def run_workload(m: RouterMetrics) -> None:
     m.round_finished("sd", 4, 3, 4)
     for result in ["hit", "hit", "hit", "late", "forced", "forced"]:
         m.cache_lookup(result)
+    m.cache_wait("hit")   # the late lookup waited, and the draft's entries held its outcome
     for kind in ["jit", "jit", "ngram"]:
         m.backup_used(kind)
     m.set_queue_depth(2)
@@ -112,6 +113,8 @@ def test_render_matches_synthetic_workload_exactly():
     assert {r: value(s, "ssd_cache_lookups_total", result=r)
             for r in ["hit", "no_entry", "late", "stale", "forced"]} == \
         {"hit": 3, "no_entry": 0, "late": 1, "stale": 0, "forced": 2}
+    assert {r: value(s, "ssd_cache_waits_total", result=r) for r in ["hit", "no_entry", "failed"]} == \
+        {"hit": 1, "no_entry": 0, "failed": 0}
     assert {k: value(s, "ssd_backups_total", kind=k) for k in ["jit", "ngram", "none"]} == \
         {"jit": 2, "ngram": 1, "none": 0}
 
@@ -148,7 +151,8 @@ def test_every_metric_is_named_ssd_and_counters_end_in_total():
         "ssd_requests", "ssd_requests_running", "ssd_requests_queued", "ssd_prompt_tokens",
         "ssd_generation_tokens", "ssd_time_to_first_token_seconds", "ssd_inter_token_latency_seconds",
         "ssd_e2e_request_latency_seconds", "ssd_tokens_per_round", "ssd_spec_draft_tokens",
-        "ssd_spec_accepted_tokens", "ssd_spec_rounds", "ssd_cache_lookups", "ssd_backups", "ssd_drafts_alive",
+        "ssd_spec_accepted_tokens", "ssd_spec_rounds", "ssd_cache_lookups", "ssd_cache_waits", "ssd_backups",
+        "ssd_drafts_alive",
         "ssd_target_verify_seconds", "ssd_router_hop_seconds", "ssd_draft_round_seconds", "ssd_jit_seconds",
         "ssd_target_verify_batch_size"}
     for family in families:
@@ -175,6 +179,8 @@ def test_unknown_label_values_are_rejected():
         m.request_finished("ssd", "finished", 1, 1, 0.1, 0.2)
     with pytest.raises(ValueError, match="cache lookup result"):
         m.cache_lookup("miss")
+    with pytest.raises(ValueError, match="cache wait result"):
+        m.cache_wait("late")
     with pytest.raises(ValueError, match="backup kind"):
         m.backup_used("auto")
     with pytest.raises(ValueError, match="accepted"):
