@@ -58,6 +58,10 @@ realized-time correction per verify batch, reverted in f6e2d76) against 1825585 
 against 793c3a6, `ssd bench`'s modes at batches 4, 8 and 16 with `--router-debug`, 2026-12-06;
 `bench/results/realized_median_ab.jsonl`: the realized-time correction as the median of the last 64 ratios against
 3abfa24, ar, ssd-auto, sd-auto, ssd3, ssd-auto, sd-auto, ar at batches 4, 8 and 16, 2026-12-06;
+`bench/results/late_wait_ab.jsonl`: 4c85248 (an outcome that finds the draft late waits for its entries) against
+f87ada1, ssd3, ssd-auto and sd3 at batches 1 and 2, 2026-12-07 (run before the lines carried `waits`; at batch 1, where
+a JIT batch is one sequence's, an `after` line's waits that ended in a JIT are its JIT batches less its `no_entry` and
+`forced` lookups);
 `bench/results/ssd_auto_order_b16.jsonl`: two stacks of b6b8275 at batch 16 alone, ssd-auto before and after a pinned
 ssd3 (then sd3) run, 2026-12-06.
 `bench/results/ssd_auto_k0_alternated_b16.jsonl`: one stack of 7141474, ar and ssd-auto in turn four times at batch 16
@@ -130,6 +134,8 @@ def main(label: str, batches=(8, 16), modes=("ssd", "sd", "ssd"), new_tokens: in
                                   "rounds": d["rounds"], "vb": d["verify_batches"], "offered": d["offered"],
                                   "verify_s": round(d["target_verify_s"], 2), "rt_s": round(d["verify_roundtrip_s"], 2),
                                   "jitb": d["jit_batches"], "jit_s": round(d["jit_s"], 2), "cache": d["cache"],
+                                  **({"waits": d["waits"], "wait_s": round(d["wait_s"], 3)}
+                                     if "waits" in d else {}),   # (an older checkout has none)
                                   "tpr": round(r["tokens_per_round"], 2), "cpu": cpu,
                                   **({"switches": _switches(log_dir / "router.log", log_at, base)}
                                      if router_debug else {})}), flush=True)

@@ -111,7 +111,9 @@ def test_rounds_run_from_the_cache_count_the_late_lookups_whose_wait_found_their
     m = measure(100, 2.0, 50, 30, 10, 1.5, 50)
     m["totals"]["cache"]["late"] = 10
     m["totals"]["waits"] = {"hit": 7, "no_entry": 2, "failed": 1}
+    m["totals"]["wait_s"] = 0.1
     row = mode_row(m)
+    assert row["wait_s_per_wait"] == pytest.approx(0.01)
     assert row["hit_rate"] == 30 / 50 and row["late_rate"] == 10 / 50 and row["served_rate"] == 37 / 50
     assert "| 0.60 (0.74) |" in markdown({"k": 3, "batch": {"1": summary_row(
         {"ar": run(20.0), "sd3": run(30.0), "ssd3": {**run(25.0, hit=0.6), "served_rate": 0.74},

@@ -164,6 +164,9 @@ class RouterMetrics(RoundMetrics):
         self.draft_round_time = Histogram(
             "ssd_draft_round_seconds", "Draft speculation round (glue, forks, K steps) as seen by the router.",
             registry=r, buckets=STEP_BUCKETS)
+        self.wait_time = Histogram(
+            "ssd_cache_wait_seconds", "A late speculation cache lookup's wait for the draft's entries.",
+            registry=r, buckets=STEP_BUCKETS)
         self.jit_time = Histogram(
             "ssd_jit_seconds", "Just-in-time draft speculation after a cache miss, as seen by the router.",
             registry=r, buckets=STEP_BUCKETS)
@@ -249,8 +252,10 @@ class RouterMetrics(RoundMetrics):
     def cache_lookup(self, result: str) -> None:
         self.cache_lookups.labels(_label(result, LOOKUP_RESULTS, "cache lookup result")).inc()
 
-    def cache_wait(self, result: str) -> None:
+    def cache_wait(self, result: str, seconds: float) -> None:
+        _non_negative("seconds", seconds)
         self.cache_waits.labels(_label(result, WAIT_RESULTS, "cache wait result")).inc()
+        self.wait_time.observe(seconds)
 
     def backup_used(self, kind: str) -> None:
         self.backups.labels(_label(kind, BACKUP_KINDS, "backup kind")).inc()

@@ -223,7 +223,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                                  waits=dict(st.waits),
                                  verify_batches=t.verify_batches, target_verify_s=t.target_verify_s,
                                  verify_roundtrip_s=t.verify_roundtrip_s, draft_rounds=t.draft_rounds,
-                                 draft_round_s=t.draft_round_s, jit_batches=t.jit_batches, jit_s=t.jit_s)
+                                 draft_round_s=t.draft_round_s, jit_batches=t.jit_batches, jit_s=t.jit_s,
+                                 wait_s=t.wait_s)
         return pb.ServerInfo(active_requests=len(core.active), queued_requests=len(core.waiting),
                              targets=[t.address for t in core.pool.targets if t.alive],
                              drafts=[d.address for d in core.pool.drafts if d.alive],

@@ -47,7 +47,7 @@ def _totals(client: Client) -> dict:
             "waits": dict(t.waits),
             "verify_batches": t.verify_batches, "target_verify_s": t.target_verify_s,
             "verify_roundtrip_s": t.verify_roundtrip_s, "draft_rounds": t.draft_rounds,
-            "draft_round_s": t.draft_round_s, "jit_batches": t.jit_batches, "jit_s": t.jit_s}
+            "draft_round_s": t.draft_round_s, "jit_batches": t.jit_batches, "jit_s": t.jit_s, "wait_s": t.wait_s}
 
 
 def _diff(after: dict, before: dict) -> dict:
@@ -110,6 +110,8 @@ def mode_row(m: dict) -> dict:
     row["router_hop_s_per_batch"] = (d["verify_roundtrip_s"] - d["target_verify_s"]) / nb
     row["draft_round_s"] = d["draft_round_s"] / d["draft_rounds"] if d["draft_rounds"] else 0.0
     row["jit_s_per_batch"] = d["jit_s"] / d["jit_batches"] if d["jit_batches"] else 0.0
+    waits = sum(d.get("waits", {}).values())
+    row["wait_s_per_wait"] = d.get("wait_s", 0.0) / waits if waits else 0.0
     row["overhead_fraction"] = row["router_hop_s_per_batch"] / row["verify_s_per_batch"] if d["verify_batches"] else 0.0
     # Upper bound: every round hits and drafting is hidden -> tokens per round per verify, at this batch size
     tokens_per_batch = d["round_tokens"] / nb
@@ -173,7 +175,7 @@ def summary_row(per: dict) -> dict:
             "auto_over_best_fixed": auto / best_fixed, "auto_over_ar": auto / ar, "auto_over_sd": auto / tok[best_sd],
             "auto_tokens_per_round": per["ssd-auto"]["tokens_per_round"], "ssd_over_sd": tok[best_ssd] / tok[best_sd],
             "ssd_over_ar": tok[best_ssd] / ar, "sd_over_ar": tok[best_sd] / ar, "hit_rate": s["hit_rate"],
-            "served_rate": s["served_rate"], "late_rate": s["late_rate"], "acceptance": s["acceptance"], "tokens_per_round": s["tokens_per_round"],
+            "served_rate": s["served_rate"], "wait_s_per_wait": s.get("wait_s_per_wait", 0.0), "late_rate": s["late_rate"], "acceptance": s["acceptance"], "tokens_per_round": s["tokens_per_round"],
             "bound_fraction": tok[best_ssd] / s["bound_tok_s"] if s["bound_tok_s"] else 0.0,
             "overhead_fraction": s["overhead_fraction"], "modes": per}
 
@@ -235,7 +237,8 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
                 f" tok/s (adaptive/best other {r['auto_over_best_fixed']:.2f}, by pass "
                 f"{_by_pass(by_pass)}; adaptive/AR {r['auto_over_ar']:.2f}, "
                 f"adaptive/best SD {r['auto_over_sd']:.2f}; ssd{r['ssd_k']}: hit {r['hit_rate']:.2f}, "
-                f"from the cache {r['served_rate']:.2f}, late {r['late_rate']:.2f}, a {r['acceptance']:.2f}, overhead {r['overhead_fraction']:.3f})")
+                f"from the cache {r['served_rate']:.2f}, late {r['late_rate']:.2f} (a wait {1000 * r['wait_s_per_wait']:.1f} ms), "
+                f"a {r['acceptance']:.2f}, overhead {r['overhead_fraction']:.3f})")
     result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "host": host,
               "new_tokens": new_tokens,
               "prompts": n_prompts, "passes": passes if passes > 0 else "auto", "k": max(ks), "ks": list(ks),

@@ -262,7 +262,7 @@ class ServerInfo(_message.Message):
     def __init__(self, active_requests: _Optional[int] = ..., queued_requests: _Optional[int] = ..., targets: _Optional[_Iterable[str]] = ..., drafts: _Optional[_Iterable[str]] = ..., finished_requests: _Optional[int] = ..., totals: _Optional[_Union[RouterTotals, _Mapping]] = ...) -> None: ...
 
 class RouterTotals(_message.Message):
-    __slots__ = ("rounds", "round_tokens", "accepted", "offered", "reached", "cache", "backups", "verify_batches", "target_verify_s", "verify_roundtrip_s", "draft_rounds", "draft_round_s", "jit_batches", "jit_s", "waits")
+    __slots__ = ("rounds", "round_tokens", "accepted", "offered", "reached", "cache", "backups", "verify_batches", "target_verify_s", "verify_roundtrip_s", "draft_rounds", "draft_round_s", "jit_batches", "jit_s", "waits", "wait_s")
     class CacheEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +299,7 @@ class RouterTotals(_message.Message):
     JIT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     JIT_S_FIELD_NUMBER: _ClassVar[int]
     WAITS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
     rounds: int
     round_tokens: int
     accepted: _containers.RepeatedScalarFieldContainer[int]
@@ -314,4 +315,5 @@ class RouterTotals(_message.Message):
     jit_batches: int
     jit_s: float
     waits: _containers.ScalarMap[str, int]
-    def __init__(self, rounds: _Optional[int] = ..., round_tokens: _Optional[int] = ..., accepted: _Optional[_Iterable[int]] = ..., offered: _Optional[_Iterable[int]] = ..., reached: _Optional[int] = ..., cache: _Optional[_Mapping[str, int]] = ..., backups: _Optional[_Mapping[str, int]] = ..., verify_batches: _Optional[int] = ..., target_verify_s: _Optional[float] = ..., verify_roundtrip_s: _Optional[float] = ..., draft_rounds: _Optional[int] = ..., draft_round_s: _Optional[float] = ..., jit_batches: _Optional[int] = ..., jit_s: _Optional[float] = ..., waits: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    wait_s: float
+    def __init__(self, rounds: _Optional[int] = ..., round_tokens: _Optional[int] = ..., accepted: _Optional[_Iterable[int]] = ..., offered: _Optional[_Iterable[int]] = ..., reached: _Optional[int] = ..., cache: _Optional[_Mapping[str, int]] = ..., backups: _Optional[_Mapping[str, int]] = ..., verify_batches: _Optional[int] = ..., target_verify_s: _Optional[float] = ..., verify_roundtrip_s: _Optional[float] = ..., draft_rounds: _Optional[int] = ..., draft_round_s: _Optional[float] = ..., jit_batches: _Optional[int] = ..., jit_s: _Optional[float] = ..., waits: _Optional[_Mapping[str, int]] = ..., wait_s: _Optional[float] = ...) -> None: ...

@@ -280,7 +280,7 @@ class RoundCore:
             if rnd.drafted:   # only a round the draft was asked to speculate for says anything about the drafts
                 self.metrics.cache_lookup(reason.value)
                 if wait:
-                    rnd.awaiting, req.phase = (j, t), Phase.AWAIT
+                    rnd.awaiting, rnd.await_since, req.phase = (j, t), self.clock(), Phase.AWAIT
                     return
                 self.planner.observe_lookup(req, j, reason, len(self.active))
             if rnd.k == 0:
@@ -298,8 +298,10 @@ class RoundCore:
         rnd = req.round
         (j, _), rnd.awaiting = rnd.awaiting, None
         result = "hit" if entry is not None else "failed" if failed else "no_entry"
+        seconds = max(0.0, self.clock() - rnd.await_since)
         req.stats.count("waits", result)
-        self.metrics.cache_wait(result)
+        self.times.wait_s += seconds
+        self.metrics.cache_wait(result, seconds)
         reason = LookupReason.HIT if entry is not None else LookupReason.LATE if failed else LookupReason.NO_ENTRY
         self.planner.observe_lookup(req, j, reason, len(self.active), late=True)
         if entry is not None:

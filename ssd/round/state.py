@@ -35,6 +35,7 @@ class RoundState:
     cached: bool = False           # ssd: the round's class speculates into the cache (else JIT only, as sd)
     jit_batch: int = 0             # the JIT batch that asked for this round's tokens: only its answer counts
     awaiting: tuple[int, int] | None = None   # AWAIT: the outcome (j, t*) whose entry the draft still owes
+    await_since: float = 0.0       # AWAIT: the core's clock() when the wait began
 
 
 @dataclass(slots=True, eq=False)
@@ -109,3 +110,4 @@ class Timings:
     draft_round_s: float = 0.0
     jit_batches: int = 0
     jit_s: float = 0.0
+    wait_s: float = 0.0            # late lookups' waits for the draft's entries (their count: SpecStats.waits)

@@ -150,6 +150,7 @@ PANELS = {
     "tokens/s": "ssd_generation_tokens_total",
     "acceptance per position": "ssd_spec_accepted_tokens_total",
     "speculation cache hit/late ratio": "ssd_cache_lookups_total",
+    "rounds run from the cache after a wait": "ssd_cache_waits_total",
     "active requests": "ssd_requests_running",
     "queued requests": "ssd_requests_queued",
     "drafts alive": "ssd_drafts_alive",

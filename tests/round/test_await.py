@@ -49,6 +49,7 @@ def test_a_late_outcome_waits_and_runs_from_the_entry_the_draft_publishes_then(r
     core = rig.core
     req = late_outcome(rig, j=1, token=4)
     assert req.phase is Phase.AWAIT and req.round.awaiting == (1, 4)
+    rig.clock.advance(0.012)
     core.dispatch()
     assert not rig.take(wire.Jit) and not rig.take(wire.Verify)   # neither a JIT nor a verify without its tokens
     assert req.stats.cache == {"forced": 1, "late": 1} and req.stats.waits == {}
@@ -58,6 +59,7 @@ def test_a_late_outcome_waits_and_runs_from_the_entry_the_draft_publishes_then(r
     assert req.stats.waits == {"hit": 1} and req.stats.cache == {"forced": 1, "late": 1}
     assert req.stats.served_rate == 1.0 and req.stats.hit_rate == 0.0
     assert req.stats.backups == {"jit": 1}   # only the forced first round's
+    assert core.times.wait_s == pytest.approx(0.012)
     core.dispatch()
     (verify,) = rig.take(wire.Verify)
     assert verify.items[0].tokens == [21, 21, 22] and not rig.take(wire.Jit)

@@ -43,7 +43,7 @@ def run_workload(m: RouterMetrics) -> None:
     m.round_finished("sd", 4, 3, 4)
     for result in ["hit", "hit", "hit", "late", "forced", "forced"]:
         m.cache_lookup(result)
-    m.cache_wait("hit")   # the late lookup waited, and the draft's entries held its outcome
+    m.cache_wait("hit", 0.0125)   # the late lookup waited 12.5 ms, and the draft's entries held its outcome
     for kind in ["jit", "jit", "ngram"]:
         m.backup_used(kind)
     m.set_queue_depth(2)
@@ -115,6 +115,7 @@ def test_render_matches_synthetic_workload_exactly():
         {"hit": 3, "no_entry": 0, "late": 1, "stale": 0, "forced": 2}
     assert {r: value(s, "ssd_cache_waits_total", result=r) for r in ["hit", "no_entry", "failed"]} == \
         {"hit": 1, "no_entry": 0, "failed": 0}
+    assert value(s, "ssd_cache_wait_seconds_count") == 1 and value(s, "ssd_cache_wait_seconds_sum") == 0.0125
     assert {k: value(s, "ssd_backups_total", kind=k) for k in ["jit", "ngram", "none"]} == \
         {"jit": 2, "ngram": 1, "none": 0}
 
@@ -154,6 +155,7 @@ def test_every_metric_is_named_ssd_and_counters_end_in_total():
         "ssd_spec_accepted_tokens", "ssd_spec_rounds", "ssd_cache_lookups", "ssd_cache_waits", "ssd_backups",
         "ssd_drafts_alive",
         "ssd_target_verify_seconds", "ssd_router_hop_seconds", "ssd_draft_round_seconds", "ssd_jit_seconds",
+        "ssd_cache_wait_seconds",
         "ssd_target_verify_batch_size"}
     for family in families:
         assert family.name.startswith("ssd_")
@@ -180,7 +182,7 @@ def test_unknown_label_values_are_rejected():
     with pytest.raises(ValueError, match="cache lookup result"):
         m.cache_lookup("miss")
     with pytest.raises(ValueError, match="cache wait result"):
-        m.cache_wait("late")
+        m.cache_wait("late", 0.01)
     with pytest.raises(ValueError, match="backup kind"):
         m.backup_used("auto")
     with pytest.raises(ValueError, match="accepted"):
