@@ -264,7 +264,7 @@ class RoundCore:
         An outcome that finds the draft late (nothing published for this round yet, though a DraftRound went out)
         waits for its entries (Phase.AWAIT, `cfg.await_late`) where the backup would be a JIT: the draft runs one
         message at a time, so that JIT would start only once the round in progress was done, and the entries it
-        publishes then hold the outcome about three times in four. The lookup counts as late (`stats.cache`, the
+        publishes then hold the outcome about two times in three. The lookup counts as late (`stats.cache`, the
         lookups metric: the draft pool's lag, which the draft HPA scales on); how its wait ended counts when the
         entries come (`resolve_wait`: `stats.waits`)."""
         rnd = req.round

@@ -1,6 +1,7 @@
 """Greedy SD and SSD produce exactly the AR engine's tokens, whatever K, fan-out, backup or draft quality."""
 import pytest
 
+from ssd import wire
 from ssd.engine.ar import AREngine
 from ssd.engine.speculative import SpecConfig, SpeculativeEngine
 from ssd.models.loader import load_model
@@ -137,3 +138,27 @@ def test_stats_account_for_every_token(pair, reference):
     assert stats.tokens == sum(len(o) - 1 for o in outputs)  # all but each prefill token came from a round
     assert stats.cache["forced"] == 4
     assert sum(stats.cache.values()) == stats.rounds + 4 - 4  # one lookup per round, minus the finishing ones
+
+
+class LateDraftEngine(SpeculativeEngine):
+    """The services' order at its worst: every verify's outcome is applied before the entries the draft published
+    during it, so every drafted round finds the draft late and waits for them (`RoundCore.resolve_wait`)."""
+
+    def _flush(self):
+        handles = [self.draft_handle, self.target_handle]
+        delivered = [h.deliver() for h in handles]
+        for h in reversed(handles):
+            for msg in h.replies():
+                self.core.on_message(h, msg)
+        return any(delivered), any(isinstance(m, wire.Verify) for m in delivered[1])
+
+
+def test_late_outcomes_that_wait_for_the_drafts_entries_keep_output_equal_to_ar(pair, reference):
+    target, small, prompts = pair
+    engine = LateDraftEngine(target, small, SpecConfig(mode="ssd", k=3, budget=4), max_batch=4)
+    outputs = [s.output for s in engine.generate(prompts[:4], SamplingParams(max_tokens=64, ignore_eos=True))]
+    assert outputs == [r[:64] for r in reference[:4]]
+    st = engine.stats
+    assert st.cache.get("hit", 0) == 0 and st.cache["late"] > 0   # no outcome found its entries there at once
+    assert st.waits.get("hit", 0) > 0 and st.waits.get("no_entry", 0) > 0   # rounds ran from both after the wait
+    assert sum(st.waits.values()) == st.cache["late"]
