@@ -43,7 +43,7 @@ def _merged_ssd(finals: list[Final]) -> dict:
 def _stats(mode: str, st: SpecStats, ttft_s: float, total_s: float) -> dict:
     return {"mode": mode, "rounds": st.rounds, "tokens_per_round": round(st.tokens_per_round, 4),
             "acceptance_per_position": [round(a, 4) for a in st.acceptance_per_position],
-            "cache_hits": st.cache.get("hit", 0), "cache_misses": sum(v for k, v in st.cache.items() if k != "hit"),
+            "cache_hits": st.served, "cache_misses": st.backed_up,
             "ttft_s": round(ttft_s, 6), "total_s": round(total_s, 6)}
 
 

@@ -75,8 +75,8 @@ def logprobs_pb(logprobs) -> list[pb.TokenLogprob]:
 
 def stats_pb(st, mode: str) -> pb.SpeculationStats:
     return pb.SpeculationStats(rounds=st.rounds, tokens_per_round=st.tokens_per_round,
-                               acceptance_per_position=st.acceptance_per_position, cache_hits=st.cache.get("hit", 0),
-                               cache_misses=sum(v for k, v in st.cache.items() if k != "hit"), mode=mode)
+                               acceptance_per_position=st.acceptance_per_position, cache_hits=st.served,
+                               cache_misses=st.backed_up, mode=mode)
 
 
 def request_fingerprint(request) -> str:

@@ -66,10 +66,21 @@ class SpecStats:
         return self.cache.get("hit", 0) / looked if looked else 0.0
 
     @property
+    def served(self) -> int:
+        """Rounds whose speculation came from the cache: hits at once, and late lookups whose wait found their entry."""
+        return self.cache.get("hit", 0) + self.waits.get("hit", 0)
+
+    @property
+    def backed_up(self) -> int:
+        """Looked-up rounds that took a backup speculation (a miss, a late entry whose wait found none, the forced
+        first round)."""
+        return sum(self.cache.values()) - self.served
+
+    @property
     def served_rate(self) -> float:
         """Lookups whose round ran from the cache, at once or after waiting for the draft's entries (`waits`)."""
         looked = sum(v for k, v in self.cache.items() if k != "forced")
-        return (self.cache.get("hit", 0) + self.waits.get("hit", 0)) / looked if looked else 0.0
+        return self.served / looked if looked else 0.0
 
     def as_dict(self) -> dict:
         return {"rounds": self.rounds, "tokens": self.tokens, "tokens_per_round": round(self.tokens_per_round, 4),

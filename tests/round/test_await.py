@@ -174,3 +174,26 @@ def test_a_waiting_request_can_be_aborted_and_its_late_entries_are_ignored(rig):
     assert req.seq not in core.active
     core.on_message(rig.drafts[0], entries(req, (1, 4)))
     assert req.stats.waits == {}
+
+
+def test_a_requests_reported_cache_hits_count_the_waits_that_hit(rig):
+    """The per-request statistics (gRPC `SpeculationStats`, the OpenAI reply's `ssd` field) say how many rounds ran
+    from the cache and how many took a backup: a wait that found its entry is the first, one that found none the
+    second."""
+    from services.router.openai_replies import _stats
+    from services.router.servicer import stats_pb
+
+    core = rig.core
+    req = late_outcome(rig, j=1, token=4)
+    core.on_message(req.draft, entries(req, (1, 4)))   # a wait that hit
+    core.dispatch()
+    (verify,) = rig.take(wire.Verify)
+    core.on_message(rig.target, wire.Outcomes(verify.batch_id, [wire.Outcome(req.seq, 0, 5)], 0.05, []))
+    core.on_message(req.draft, entries(req, (1, 4)))   # late again, and the entries lack (0, 5)
+    st = req.stats
+    assert st.cache == {"forced": 1, "late": 2} and st.waits == {"hit": 1, "no_entry": 1}
+    assert (st.served, st.backed_up) == (1, 2)
+    pb = stats_pb(st, "ssd")
+    assert (pb.cache_hits, pb.cache_misses) == (1, 2)
+    assert {k: v for k, v in _stats("ssd", st, 0.1, 1.0).items() if k.startswith("cache")} == \
+        {"cache_hits": 1, "cache_misses": 2}
