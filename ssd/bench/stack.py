@@ -175,7 +175,8 @@ def summary_row(per: dict) -> dict:
             "auto_over_best_fixed": auto / best_fixed, "auto_over_ar": auto / ar, "auto_over_sd": auto / tok[best_sd],
             "auto_tokens_per_round": per["ssd-auto"]["tokens_per_round"], "ssd_over_sd": tok[best_ssd] / tok[best_sd],
             "ssd_over_ar": tok[best_ssd] / ar, "sd_over_ar": tok[best_sd] / ar, "hit_rate": s["hit_rate"],
-            "served_rate": s["served_rate"], "wait_s_per_wait": s.get("wait_s_per_wait", 0.0), "late_rate": s["late_rate"], "acceptance": s["acceptance"], "tokens_per_round": s["tokens_per_round"],
+            "served_rate": s["served_rate"], "wait_s_per_wait": s.get("wait_s_per_wait", 0.0),
+            "late_rate": s["late_rate"], "acceptance": s["acceptance"], "tokens_per_round": s["tokens_per_round"],
             "bound_fraction": tok[best_ssd] / s["bound_tok_s"] if s["bound_tok_s"] else 0.0,
             "overhead_fraction": s["overhead_fraction"], "modes": per}
 
@@ -237,7 +238,8 @@ def bench(new_tokens: int = 256, n_prompts: int = 16, batches=(1, 2, 4, 8), k: i
                 f" tok/s (adaptive/best other {r['auto_over_best_fixed']:.2f}, by pass "
                 f"{_by_pass(by_pass)}; adaptive/AR {r['auto_over_ar']:.2f}, "
                 f"adaptive/best SD {r['auto_over_sd']:.2f}; ssd{r['ssd_k']}: hit {r['hit_rate']:.2f}, "
-                f"from the cache {r['served_rate']:.2f}, late {r['late_rate']:.2f} (a wait {1000 * r['wait_s_per_wait']:.1f} ms), "
+                f"from the cache {r['served_rate']:.2f}, late {r['late_rate']:.2f} "
+                f"(a wait {1000 * r['wait_s_per_wait']:.1f} ms), "
                 f"a {r['acceptance']:.2f}, overhead {r['overhead_fraction']:.3f})")
     result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "host": host,
               "new_tokens": new_tokens,
@@ -256,8 +258,8 @@ def _by_pass(passes: list[dict]) -> str:
 
 def markdown(result: dict) -> str:
     lines = ["| batch | AR tok/s | best SD tok/s (K) | best SSD tok/s (K) | SSD adaptive tok/s | "
-             "adaptive / best other | adaptive / AR | adaptive / best SD | a | tokens/round | hit (from the cache) | late | "
-             "overhead | "
+             "adaptive / best other | adaptive / AR | adaptive / best SD | a | tokens/round | hit (from the cache) | "
+             "late | overhead | "
              "adaptive / best other, by pass |",
              "|" + "---|" * 14]
     for b, r in result["batch"].items():

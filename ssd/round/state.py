@@ -87,7 +87,8 @@ class CoreConfig:
     verify_hold: float = 5.0       # a batch out longer than this no longer holds the next one back
     jit_linger: float = 0.05       # at most this long a free target waits for its sequences' JITs to land
     adaptive_fanout: bool = True   # each DraftRound carries a fan-out from ssd.spec.fanout.FanoutPolicy
-    await_late: bool = True        # ssd: an outcome that finds the draft late waits for its entries (see RoundCore.next)
+    await_late: bool = True        # ssd: an outcome that finds the draft late waits for its entries
+                                   # (see RoundCore.next)
 
     def __post_init__(self):
         if self.mode not in MODES:

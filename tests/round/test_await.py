@@ -22,8 +22,8 @@ def rig():
 
 
 def late_outcome(rig, j=1, token=4):
-    """A request through its forced first round (a JIT, or an n-gram backup) to a verify whose DraftRound the draft has not answered;
-    the target then answers outcome (j, token). Returns the request."""
+    """A request through its forced first round (a JIT, or an n-gram backup) to a verify whose DraftRound the draft
+    has not answered; the target then answers outcome (j, token). Returns the request."""
     core = rig.core
     req = core.submit(f"late{len(core.active)}", [5, 6, 7], SamplingParams(max_tokens=40), mode="ssd")
     core.take_new()
