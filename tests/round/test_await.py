@@ -169,6 +169,7 @@ def test_a_free_target_waits_for_a_sequence_awaiting_entries_as_for_a_jit():
 def test_a_waiting_request_can_be_aborted_and_its_late_entries_are_ignored(rig):
     core = rig.core
     req = late_outcome(rig)
+    assert req.phase is Phase.AWAIT
     core.abort(req)
     core.step()
     assert req.seq not in core.active
