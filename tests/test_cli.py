@@ -206,3 +206,29 @@ def test_bench_serve_is_wired_and_bench_alone_keeps_its_flags():
     assert serve.returncode == 0 and "--request-rate" in serve.stdout and "--goodput" in serve.stdout
     bench = run_cli("bench", "--help")
     assert bench.returncode == 0 and "--ks" in bench.stdout and "serve" in bench.stdout
+
+
+@pytest.mark.parametrize("flag,value,says", [
+    ("--passes", "-1", "argument --passes: must be at least 0, got -1"),
+    ("--new-tokens", "0", "argument --new-tokens: must be at least 1, got 0"),
+    ("--prompts", "x", "argument --prompts: 'x' is not an integer"),
+    ("--batches", "1,0,4", "argument --batches: must be at least 1, got 0"),
+    ("--batches", "1,,4", "argument --batches: '' is not an integer"),
+    ("--k", "0", "argument --k: must be at least 1, got 0"),
+    ("--ks", "2,-3", "argument --ks: must be at least 1, got -3"),
+])
+def test_bench_refuses_counts_it_cannot_run_before_starting_anything(flag, value, says, capsys):
+    from ssd.cli.app import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["bench", flag, value])
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_bench_reads_its_lists_and_defaults():
+    from ssd.cli.app import build_parser
+
+    args = build_parser().parse_args(["bench", "--batches", "1, 2,16", "--ks", "1,3", "--passes", "0"])
+    assert (args.batches, args.ks, args.passes, args.k) == ((1, 2, 16), (1, 3), 0, 3)
+    args = build_parser().parse_args(["bench"])
+    assert (args.batches, args.ks, args.new_tokens, args.prompts) == ((1, 2, 4, 8), (), 256, 16)

@@ -14,14 +14,39 @@ import ssd.bench
 LOCUSTFILE = Path(ssd.bench.__file__).with_name("locustfile.py")
 
 
+def _int_at_least(low: int):
+    """An argparse type: an integer >= `low` (argparse reports anything else as the argument's error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
+
+
+def _ints_at_least(low: int, empty_ok: bool = False):
+    """An argparse type: a comma-separated list of integers >= `low` (as a tuple; `empty_ok`: "" gives ())."""
+    one = _int_at_least(low)
+
+    def parse(text: str) -> tuple[int, ...]:
+        if not text.strip() and empty_ok:
+            return ()
+        return tuple(one(part.strip()) for part in text.split(","))
+    return parse
+
+
 def add_parser(sub) -> None:
     b = sub.add_parser("bench", help="AR, SD and SSD through real processes; writes bench/results/ssd.json")
-    b.add_argument("--new-tokens", type=int, default=256)
-    b.add_argument("--prompts", type=int, default=16)
-    b.add_argument("--batches", default="1,2,4,8")
-    b.add_argument("--k", type=int, default=3)
-    b.add_argument("--ks", default="", help="fixed K values for SD and SSD, e.g. 1,2,3 (default: --k)")
-    b.add_argument("--passes", type=int, default=0,
+    b.add_argument("--new-tokens", type=_int_at_least(1), default=256)
+    b.add_argument("--prompts", type=_int_at_least(1), default=16)
+    b.add_argument("--batches", type=_ints_at_least(1), default=(1, 2, 4, 8), help="batch sizes, e.g. 1,2,4,8")
+    b.add_argument("--k", type=_int_at_least(1), default=3)
+    b.add_argument("--ks", type=_ints_at_least(1, empty_ok=True), default=(),
+                   help="fixed K values for SD and SSD, e.g. 1,2,3 (default: --k)")
+    b.add_argument("--passes", type=_int_at_least(0), default=0,
                    help="passes per batch size, the prompts split among them and the modes' order changed between "
                         "them, so a drift of the machine falls on all modes alike: a Latin square where the number is "
                         "a multiple of the modes', reversed on every other pass otherwise (default 0: the square where "
@@ -61,8 +86,7 @@ def run(args) -> int:
         return bench_serve(args)
     from ssd.bench.stack import bench, markdown
 
-    result = bench(args.new_tokens, args.prompts, tuple(int(x) for x in args.batches.split(",")), args.k,
-                   args.models_dir, args.draft, args.out,
-                   ks=tuple(int(x) for x in args.ks.split(",")) if args.ks else None, passes=args.passes)
+    result = bench(args.new_tokens, args.prompts, args.batches, args.k, args.models_dir, args.draft, args.out,
+                   ks=args.ks or None, passes=args.passes)
     print(markdown(result))
     return 0
