@@ -177,6 +177,8 @@ class RoundCore:
         message per target. With none alive, a sequence waits (up to `target_wait` s) for one to come back."""
         items: dict = {}
         for req in reqs:
+            if req.phase is Phase.AWAIT:   # its target died after the outcome: the Restore's answer takes a backup
+                self._end_wait(req, "failed")
             self.pool.assign(req, "target", self.pool.pick("target"))
             req.phase = Phase.PREFILL if kind is wire.Prefill else Phase.RESTORE
             req.last_outcome_at = None   # the wait for a (new) target is not a round's time
@@ -295,19 +297,23 @@ class RoundCore:
         """End a sequence's wait for the draft's entries (Phase.AWAIT): `entry` (the one for its outcome; None when
         they held none) runs its round from the cache, else it takes a backup: `failed` where the entries will not
         come (the draft died or erred)."""
-        rnd = req.round
-        (j, _), rnd.awaiting = rnd.awaiting, None
-        result = "hit" if entry is not None else "failed" if failed else "no_entry"
-        seconds = max(0.0, self.clock() - rnd.await_since)
-        req.stats.count("waits", result)
-        self.times.wait_s += seconds
-        self.metrics.cache_wait(result, seconds)
-        reason = LookupReason.HIT if entry is not None else LookupReason.LATE if failed else LookupReason.NO_ENTRY
-        self.planner.observe_lookup(req, j, reason, len(self.active), late=True)
+        self._end_wait(req, "hit" if entry is not None else "failed" if failed else "no_entry")
         if entry is not None:
             self._from_entry(req, entry)
         else:
             self.backup(req, failed or self._backup_kind(req))
+
+    def _end_wait(self, req: Request, result: str) -> None:
+        """Count how a sequence's wait for the draft's entries ended (hit, no_entry or failed) and how long it took,
+        and tell the fan-out policy the lookup, late; what the sequence does next is the caller's."""
+        rnd = req.round
+        (j, _), rnd.awaiting = rnd.awaiting, None
+        seconds = max(0.0, self.clock() - rnd.await_since)
+        req.stats.count("waits", result)
+        self.times.wait_s += seconds
+        self.metrics.cache_wait(result, seconds)
+        reason = {"hit": LookupReason.HIT, "no_entry": LookupReason.NO_ENTRY}.get(result, LookupReason.LATE)
+        self.planner.observe_lookup(req, j, reason, len(self.active), late=True)
 
     def _from_entry(self, req: Request, entry: wire.CacheEntry) -> None:
         rnd, room = req.round, self.room(req)

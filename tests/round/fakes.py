@@ -55,6 +55,7 @@ class RecordingMetrics(RoundMetrics):
         self.drafts_alive: list[int] = []
         self.speculation_k: dict[str, list[int]] = {}
         self.finished: list[dict] = []
+        self.waits: list[tuple[str, float]] = []   # (result, seconds) per ended wait for the draft's entries
 
     def request_finished(self, mode, outcome, prompt_tokens, completion_tokens, ttft_s, e2e_s, queue_s=None):
         self.finished.append(dict(mode=mode, outcome=outcome, prompt_tokens=prompt_tokens,
@@ -62,6 +63,9 @@ class RecordingMetrics(RoundMetrics):
 
     def feature_rows(self, n: int) -> None:
         self.feature_rows_sent += n
+
+    def cache_wait(self, result: str, seconds: float) -> None:
+        self.waits.append((result, seconds))
 
     def set_drafts_alive(self, n: int) -> None:
         self.drafts_alive.append(n)

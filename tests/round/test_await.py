@@ -128,6 +128,31 @@ def test_a_draft_that_dies_during_the_wait_hands_the_sequence_on_with_an_ngram_b
         core.shutdown("the test is over")
 
 
+def test_a_target_that_dies_during_the_wait_ends_it_and_the_restored_sequence_takes_a_backup():
+    """The outcome came; then its target died. The sequence moves to another target (Restore), which ends the wait
+    as failed: the Restore's answer starts the next round with a backup, and the old round's entries, when they
+    come, no longer concern it."""
+    rig = Rig(CoreConfig(mode="ssd", adaptive=False), targets=(None, None), drafts=[None])
+    core = rig.core
+    try:
+        req = late_outcome(rig)
+        assert req.phase is Phase.AWAIT and req.target is rig.targets[0]
+        rig.clock.advance(0.004)
+        rig.targets[0].alive = False
+        core.members.target_died(rig.targets[0])
+        assert req.phase is Phase.RESTORE and req.target is rig.targets[1] and req.round.awaiting is None
+        assert req.stats.waits == {"failed": 1} and core.times.wait_s == pytest.approx(0.004)
+        assert rig.metrics.waits == [("failed", pytest.approx(0.004))]
+        core.on_message(req.draft, entries(req, (1, 4)))   # the old round's entries come after all
+        assert req.phase is Phase.RESTORE and req.stats.waits == {"failed": 1}
+        core.on_message(rig.targets[1], wire.Restored([req.seq], 0.01))
+        assert req.phase is Phase.JIT
+        core.dispatch()
+        assert len(rig.take(wire.Jit)) == 1
+    finally:
+        core.shutdown("the test is over")
+
+
 @pytest.mark.parametrize("cfg", [{"await_late": False}, {"backup": "ngram"}])
 def test_without_the_wait_or_a_jit_backup_a_late_outcome_takes_its_backup_at_once(cfg):
     rig = make_rig(**cfg)
