@@ -163,12 +163,16 @@ class CostTable:
     """Seconds of a verify against the positions n it holds: per n measured at least `trusted` times within the last
     `max_age` observations, the median of its last `window` measurements, each taken relative to the host's speed
     when it was made and scaled by the speed now (`drift`); otherwise read off those (`between`), or with fewer than
-    two the line over the latest measurements; plus the mean overhead of a round trip beyond the target's compute."""
+    two the line over the latest measurements; plus the mean overhead of a round trip beyond the target's compute.
+    The drift is the median of the last `drift_window` measurements over their shape's median: shorter than
+    `window`, so it follows a host whose speed swings and the medians stay in one unit. With both nine, a shape
+    measured every round followed the swing in its own median while one measured every 16th lagged it, and at batch
+    1 the router's table put 3 and 4 positions 0-16% apart (their true gap is about 1%; 2026-12-07)."""
 
     def __init__(self, line: LinearEma | None = None, decay: float = 0.9, trusted: float = 2.0,
-                 max_age: int = 2000, window: int = 9):
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
+                 max_age: int = 2000, window: int = 17, drift_window: int = 5):
+        if window < 1 or drift_window < 1:
+            raise ValueError(f"window and drift_window must be >= 1, got {window} and {drift_window}")
         self.line = line if line is not None else AdaptiveK.default_verify_line()
         self.decay, self.trusted, self.max_age, self.window = decay, trusted, max_age, window
         self._recent: dict = {}   # key (n, or (n, seqs)) -> its last `window` measurements / the drift then
@@ -176,7 +180,7 @@ class CostTable:
         self._seen: dict = {}     # key -> the observation count when it was last measured
         self._clock = 0
         self.overhead = 0.0
-        self._ratios: deque = deque(maxlen=window)   # the last measurements over their shape's median
+        self._ratios: deque = deque(maxlen=drift_window)   # the last measurements over their shape's median
         self.drift = 1.0          # the host's speed now against the measurements' units: those ratios' median
         self._curve: tuple | None = None   # (the trusted n entries, sorted, in seconds now; their slope), per observe
         self._index: tuple | None = None   # `_shapes`, per observe
