@@ -62,6 +62,10 @@ against 793c3a6, `ssd bench`'s modes at batches 4, 8 and 16 with `--router-debug
 f87ada1, ssd3, ssd-auto and sd3 at batches 1 and 2, 2026-12-07 (run before the lines carried `waits`; at batch 1, where
 a JIT batch is one sequence's, an `after` line's waits that ended in a JIT are its JIT batches less its `no_entry` and
 `forced` lookups);
+`bench/results/drift_window_ab_b1.jsonl`: ff98998 (the verify cost table's drift over its last 5 measurements, shape
+medians over 17) against 45f51b7, ssd-auto and ssd3 at batch 1 with `--router-debug`, after, before, before, after,
+after, before, 2026-12-07; `bench/results/drift_window_ab_b4_b16.jsonl`: the same commits, ar, ssd-auto and sd-auto at
+batches 4 and 16, after, before, before, after;
 `bench/results/ssd_auto_order_b16.jsonl`: two stacks of b6b8275 at batch 16 alone, ssd-auto before and after a pinned
 ssd3 (then sd3) run, 2026-12-06.
 `bench/results/ssd_auto_k0_alternated_b16.jsonl`: one stack of 7141474, ar and ssd-auto in turn four times at batch 16
