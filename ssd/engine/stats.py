@@ -61,9 +61,13 @@ class SpecStats:
         return sum(self.accepted) / self.reached if self.reached else 0.0
 
     @property
+    def looked_up(self) -> int:
+        """Cache lookups of drafted rounds, the forced first rounds not counted (the rates' denominator)."""
+        return sum(v for k, v in self.cache.items() if k != "forced")
+
+    @property
     def hit_rate(self) -> float:
-        looked = sum(v for k, v in self.cache.items() if k != "forced")
-        return self.cache.get("hit", 0) / looked if looked else 0.0
+        return self.cache.get("hit", 0) / self.looked_up if self.looked_up else 0.0
 
     @property
     def served(self) -> int:
@@ -79,8 +83,7 @@ class SpecStats:
     @property
     def served_rate(self) -> float:
         """Lookups whose round ran from the cache, at once or after waiting for the draft's entries (`waits`)."""
-        looked = sum(v for k, v in self.cache.items() if k != "forced")
-        return self.served / looked if looked else 0.0
+        return self.served / self.looked_up if self.looked_up else 0.0
 
     def as_dict(self) -> dict:
         return {"rounds": self.rounds, "tokens": self.tokens, "tokens_per_round": round(self.tokens_per_round, 4),
