@@ -189,19 +189,20 @@ class SpeculationPlanner:
                 self.choice[mode] = k
                 self.metrics.set_speculation_k(mode, k)
 
-    def observe_round(self, req, offered: int, accepted: int) -> None:
+    def observe_round(self, req, offered: int, accepted: int, peers: int = 1) -> None:
         """A verified round's acceptance, by where its draft tokens came from: a cache entry, a JIT for a cache miss,
         or a plain JIT (no speculation behind it: sd's rounds, ssd's by JIT only). A plain round is fed to every
         mode's policy: by JIT only, an ssd round is an sd round (the same draft and target), and ssd's own rounds
-        over all (its entries and its misses' JITs) accepted less than sd's plain ones."""
+        over all (its entries and its misses' JITs) accepted less than sd's plain ones. `peers`: the drafted rounds
+        its verify batch held (each weighs 1/peers: `AdaptiveK.observe_round`)."""
         source = req.round.source
         if source not in ("cache", "jit") or req.mode not in self.adaptive:
             return
         if source == "jit" and not req.round.cached:
             for mode, policy in self.adaptive.items():
-                policy.observe_round(offered, accepted, "plain", shared=mode != req.mode)
+                policy.observe_round(offered, accepted, "plain", shared=mode != req.mode, peers=peers)
         else:
-            self.adaptive[req.mode].observe_round(offered, accepted, source)
+            self.adaptive[req.mode].observe_round(offered, accepted, source, peers=peers)
 
     def observe_target_busy(self, target, start: float, end: float) -> None:
         """`target` computed a prefill (or a restore) from `start` to `end` (its reply's arrival less its compute;

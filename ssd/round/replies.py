@@ -149,6 +149,9 @@ class Replies:
         blocks = {seq: block for seq, *block in msg.features}
         logprobs = {lp.seq: lp for lp in msg.logprobs}
         counts = Counter(out.seq for out in msg.items)
+        # the drafted rounds this batch verified: each one's acceptance weighs 1/peers of a round for the policy
+        peers = sum(1 for out in msg.items if (r := core.active.get(out.seq)) is not None and r.round.tokens
+                    and r.round.verify_batch == msg.batch_id)
         for out in msg.items:
             req = core.active.get(out.seq)
             if req is None or req.phase is not Phase.VERIFY or req.target is not worker or \
@@ -163,11 +166,11 @@ class Replies:
             if problem or isinstance(lps, str):
                 self._bad_target_reply(worker, req, problem or lps)
                 continue
-            self._apply_outcome(req, out, blocks.get(out.seq), lps)
+            self._apply_outcome(req, out, blocks.get(out.seq), lps, peers)
         if sent is not None:
             core.planner.observe_verify(sent[1], msg.elapsed_s, roundtrip - msg.elapsed_s, len(msg.items))
 
-    def _apply_outcome(self, req, out: wire.Outcome, block, logprobs=None) -> None:
+    def _apply_outcome(self, req, out: wire.Outcome, block, logprobs=None, peers: int = 1) -> None:
         core, rnd = self.core, req.round
         core.features.keep(req, block)
         rnd.number += 1
@@ -176,7 +179,7 @@ class Replies:
         core.metrics.round_finished(req.mode, len(rnd.tokens), out.accepted, committed)
         if rnd.source in ("jit", "ngram") and rnd.tokens:
             core.timings.observe_acceptance(BackupPolicy(rnd.source), out.accepted, len(rnd.tokens))
-        core.planner.observe_round(req, len(rnd.tokens), out.accepted)
+        core.planner.observe_round(req, len(rnd.tokens), out.accepted, max(1, peers))
         now = core.clock()
         if req.last_outcome_at is not None:
             core.planner.observe_round_time(req, len(core.active), req.last_outcome_at, now)

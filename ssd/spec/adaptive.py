@@ -3,7 +3,7 @@
 Contract
 --------
 * ``AdaptiveK(k_max, mode)`` folds in measurements as they arrive:
-  - ``observe_round(offered, accepted, source, shared=False)``: one verification of ``offered`` draft tokens
+  - ``observe_round(offered, accepted, source, shared=False, peers=1)``: one verification of ``offered`` draft tokens
     (from the draft: cache entries or JIT, not n-gram) of which the first ``accepted`` were accepted. Kept per
     position as the conditional acceptance ``a_i = P(token i accepted | tokens 1..i-1 accepted)``, an EMA with a
     prior: over all rounds, and per source once that source has been seen. Sources: "cache" (a cache entry, ssd),
@@ -17,6 +17,8 @@ Contract
     decoding at batch 4 and ran 0.92x sd there (in both passes of a run). ``shared``: a plain round of the other
     mode (the router feeds sd's plain rounds to ssd's policy and ssd's to sd's: the same draft and target draft
     and verify them alike); it counts for that source only, not for this mode's acceptance over all rounds.
+    ``peers``: the drafted rounds of the verify batch it came in. Each weighs 1/peers of a round, so the estimate
+    spans the same number of verify batches at every batch size.
   - ``observe_verify(tokens, seconds, overhead, seqs)``: one verify batch of ``tokens`` positions (sum over its
     ``seqs`` sequences of drafted + 1), the target's compute for it and what the round trip took beyond that, kept
     in a ``CostTable``: the median of the last ``window`` (9) measurements at each shape (n, seqs) and at each n
@@ -391,10 +393,18 @@ class AdaptiveK:
         return LinearEma(prior_intercept=25e-3, prior_slope=1e-3)
 
     # ---- measurements ---------------------------------------------------------------------------
-    def observe_round(self, offered: int, accepted: int, source: str | None = None, shared: bool = False) -> None:
+    def observe_round(self, offered: int, accepted: int, source: str | None = None, shared: bool = False,
+                      peers: int = 1) -> None:
+        """`peers`: the drafted rounds its verify batch held (this one included). Each weighs 1/peers of a round, so
+        the acceptance decays by `decay` per verify batch, not per sequence. Decayed per sequence, at batch 16 the
+        estimate spanned about six verify batches: its first position's standard error was about 0.035 and the
+        tokens a round at K = 3 moved by 4% either way, as much as the margin. At batch 16 sd's choice went from
+        K = 0 to K = 3 on acceptance read at 0.61-0.65 where its rounds accepted 0.52-0.57, and ran 0.80x plain
+        decoding there (`bench/results/ssd_spr_s29_run2.json`, 2026-12-07). A probe's round (one sequence of the
+        batch) weighs a whole round."""
         if offered <= 0 or (shared and source not in self.by_source):
             return
-        d = self.decay
+        d = self.decay ** (1.0 / max(1, int(peers)))
         vectors = []
         if not shared:
             self.rounds += 1

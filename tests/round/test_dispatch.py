@@ -773,3 +773,30 @@ def test_a_draft_round_asks_for_chains_as_long_as_the_next_rounds_k():
         assert fixed.core.planner.draft_depth(req) == 0
     finally:
         fixed.core.shutdown("the test is over")
+
+
+def test_each_rounds_acceptance_weighs_one_over_the_drafted_rounds_of_its_verify_batch():
+    """sd, adaptive: three sequences drafting in one verify batch give the policy their acceptance with peers 3
+    (each weighs a third of a round); a probe's round, the batch's one drafted round among K = 0 ones, with 1."""
+    rig = make_sd_rig("sd", adaptive=True)
+    core = rig.core
+    core.planner.adapt = lambda batch: None          # the choice stays where it starts: K max
+    seen = []
+    core.planner.adaptive["sd"].observe_round = \
+        lambda offered, accepted, source=None, shared=False, peers=1: seen.append((offered, source, shared, peers))
+    try:
+        reqs = sd_admit_together(rig, 3)
+        run_probe_rounds(rig, reqs, 2)
+        assert seen == [(core.k, "plain", False, 3)] * 6
+    finally:
+        core.shutdown("the test is over")
+    rig, policy, _ = k0_rig()
+    seen = []
+    policy.observe_round = lambda offered, accepted, source=None, shared=False, peers=1: seen.append((offered, peers))
+    try:
+        policy.probe_every = policy.probe_interval = 3
+        rounds = run_probe_rounds(rig, sd_admit_together(rig, 4), 6)
+        assert [sum(1 for k in r.values() if k) for r in rounds] == [0, 0, 0, 1, 0, 0]
+        assert seen == [(rig.core.k, 1)]
+    finally:
+        rig.core.shutdown("the test is over")

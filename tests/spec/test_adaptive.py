@@ -811,3 +811,40 @@ def test_a_host_whose_speed_swings_slowly_moves_neither_size_against_the_other()
         if i >= 300:
             errors.append((t.predict(4) - t.predict(3)) / t.predict(4) - 0.0125)
     assert max(abs(e) for e in errors) < 0.035
+
+
+def test_the_rounds_of_one_verify_batch_share_one_rounds_weight_in_the_acceptance():
+    """`peers`: 16 rounds of one verify batch move the acceptance (over all, and their source's) as one round does
+    alone; weighed a round each, they moved it 16 times as far."""
+    alone, shared, each = AdaptiveK(3, "sd"), AdaptiveK(3, "sd"), AdaptiveK(3, "sd")
+    alone.observe_round(3, 3, "plain")
+    for _ in range(16):
+        shared.observe_round(3, 3, "plain", peers=16)
+        each.observe_round(3, 3, "plain")
+    assert shared.acceptance == pytest.approx(alone.acceptance)
+    assert shared.by_source["plain"] == pytest.approx(alone.by_source["plain"])
+    assert shared.rounds == each.rounds == 16
+    assert each.acceptance[0] > shared.acceptance[0] + 0.04
+
+
+def test_at_batch_16_the_acceptance_is_read_over_verify_batches_not_over_a_few_of_them():
+    """Batch 16, each sequence's first drafted token accepted with probability 0.55: weighed a round per sequence,
+    the estimate spans about six verify batches and wanders by about 0.035 (its tokens a round at K = 3 by 4% either
+    way, as much as the margin: at batch 16 sd went from K = 0 to K = 3 on 0.61-0.65 where its rounds accepted
+    0.52-0.57); weighed 1/16 each, by a quarter of that."""
+    import random
+
+    def spread(peers: int) -> tuple[float, float]:
+        rng, a, seen = random.Random(7), AdaptiveK(3, "sd"), []
+        for batch in range(1200):
+            for _ in range(16):
+                a.observe_round(1, int(rng.random() < 0.55), "plain", peers=peers)
+            if batch >= 400:
+                seen.append(a.acceptance[0])
+        mean = sum(seen) / len(seen)
+        return mean, (sum((x - mean) ** 2 for x in seen) / len(seen)) ** 0.5
+
+    (mean_each, sd_each), (mean_shared, sd_shared) = spread(1), spread(16)
+    assert mean_each == pytest.approx(0.55, abs=0.01) and mean_shared == pytest.approx(0.55, abs=0.02)
+    assert 0.025 < sd_each < 0.045
+    assert sd_shared < 0.4 * sd_each
