@@ -91,6 +91,12 @@ the runs of docs/benchmarks.md).
 mb1), each running ssd3, ssd-auto, sd3, sd-auto, ssd-auto, ssd3 with `--router-debug`;
 `bench/results/ssd3_repeat_b1.jsonl`: two stacks running ssd3 ten times in turn at batch 1 (`--per-client 4`), the
 shape of this machine's drift over a batch size's runs; both 2026-12-07.
+On the Intel Xeon host with AMX, 2026-12-07: `bench/results/draft_budget_ab_spr.jsonl`, the draft at
+`--draft-flag=--budget --draft-flag=128` (label b128) against its default 64 forks a round (b64), ssd3, sd3 and
+ssd-auto at batches 1 and 4;
+`bench/results/acceptance_per_batch_ab.jsonl`: 837c491 (the policy's acceptance decayed per verify batch) against
+7ba8707, ar, sd-auto, ssd-auto, ar at batches 8 and 16; `bench/results/acceptance_per_batch_ab_b24.jsonl`: the same
+commits, sd3, ssd3, sd-auto, ssd-auto at batches 2 and 4.
 """
 from __future__ import annotations
 
