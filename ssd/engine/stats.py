@@ -67,8 +67,7 @@ class SpecStats:
 
     @property
     def hit_rate(self) -> float:
-        looked = self.looked_up
-        return self.cache.get("hit", 0) / looked if looked else 0.0
+        return self.cache.get("hit", 0) / self.looked_up if self.looked_up else 0.0
 
     @property
     def served(self) -> int:
@@ -84,8 +83,7 @@ class SpecStats:
     @property
     def served_rate(self) -> float:
         """Lookups whose round ran from the cache, at once or after waiting for the draft's entries (`waits`)."""
-        looked = self.looked_up
-        return self.served / looked if looked else 0.0
+        return self.served / self.looked_up if self.looked_up else 0.0
 
     def as_dict(self) -> dict:
         return {"rounds": self.rounds, "tokens": self.tokens, "tokens_per_round": round(self.tokens_per_round, 4),

@@ -179,7 +179,7 @@ class Replies:
         core.metrics.round_finished(req.mode, len(rnd.tokens), out.accepted, committed)
         if rnd.source in ("jit", "ngram") and rnd.tokens:
             core.timings.observe_acceptance(BackupPolicy(rnd.source), out.accepted, len(rnd.tokens))
-        core.planner.observe_round(req, len(rnd.tokens), out.accepted, peers)
+        core.planner.observe_round(req, len(rnd.tokens), out.accepted, max(1, peers))
         now = core.clock()
         if req.last_outcome_at is not None:
             core.planner.observe_round_time(req, len(core.active), req.last_outcome_at, now)
